@@ -1,0 +1,99 @@
+use arrow::datatypes::SchemaRef;
+use datafusion::common::{JoinSide, JoinType, NullEquality};
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
+
+use crate::config::{AlgorithmChoice, MaterializationChoice};
+
+/// Where an output column comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputColumn {
+    /// Column `i` of the build (left) side.
+    Build(usize),
+    /// Column `i` of the probe (right) side.
+    Probe(usize),
+    /// The mark column of a mark join.
+    Mark,
+}
+
+/// Everything about a join that does not change between executions: the
+/// operator builds one from its plan node and hands it to the algorithms.
+#[derive(Debug, Clone)]
+pub struct JoinDefinition {
+    pub join_type: JoinType,
+    pub build_keys: Vec<PhysicalExprRef>,
+    pub probe_keys: Vec<PhysicalExprRef>,
+    pub null_equality: NullEquality,
+    /// `NOT IN` semantics for a single-key `LeftAnti` join.
+    pub null_aware: bool,
+    pub filter: Option<JoinFilter>,
+    /// The operator's output schema (after the embedded projection).
+    pub output_schema: SchemaRef,
+    pub output_columns: Vec<OutputColumn>,
+    /// Emit probe-side matches in probe row order (HashJoinExec's promise
+    /// for Inner, Right, RightSemi, RightAnti and RightMark joins).
+    pub preserve_probe_order: bool,
+    pub algorithm: AlgorithmChoice,
+    pub materialization: MaterializationChoice,
+}
+
+impl JoinDefinition {
+    /// Output columns from the join's column indices (after projection).
+    pub fn output_columns_from(column_indices: &[ColumnIndex]) -> Vec<OutputColumn> {
+        column_indices
+            .iter()
+            .map(|c| match c.side {
+                JoinSide::Left => OutputColumn::Build(c.index),
+                JoinSide::Right => OutputColumn::Probe(c.index),
+                JoinSide::None => OutputColumn::Mark,
+            })
+            .collect()
+    }
+
+    /// Build-side columns the output needs, ascending, without repeats.
+    pub(crate) fn build_output_columns(&self) -> Vec<usize> {
+        self.side_columns(|c| match c {
+            OutputColumn::Build(i) => Some(i),
+            _ => None,
+        })
+    }
+
+    /// Probe-side columns the output needs, ascending, without repeats.
+    pub(crate) fn probe_output_columns(&self) -> Vec<usize> {
+        self.side_columns(|c| match c {
+            OutputColumn::Probe(i) => Some(i),
+            _ => None,
+        })
+    }
+
+    fn side_columns(&self, pick: impl Fn(OutputColumn) -> Option<usize>) -> Vec<usize> {
+        let mut columns: Vec<usize> = self
+            .output_columns
+            .iter()
+            .filter_map(|c| pick(*c))
+            .collect();
+        columns.sort_unstable();
+        columns.dedup();
+        columns
+    }
+
+    /// Whether build rows must be tracked across probe chunks: joins that
+    /// emit build rows once the probe side is exhausted.
+    pub(crate) fn tracks_visited_build_rows(&self) -> bool {
+        matches!(
+            self.join_type,
+            JoinType::Left
+                | JoinType::Full
+                | JoinType::LeftSemi
+                | JoinType::LeftAnti
+                | JoinType::LeftMark
+        )
+    }
+
+    /// Whether the filter reads columns of the given side.
+    pub(crate) fn filter_reads(&self, side: JoinSide) -> bool {
+        self.filter
+            .as_ref()
+            .is_some_and(|f| f.column_indices().iter().any(|c| c.side == side))
+    }
+}

@@ -1,0 +1,27 @@
+//! The join algorithms, written once over the backend primitives.
+//!
+//! A join runs in the three phases of the GFTR paper:
+//!
+//! 1. **transform**: the build side is radix-partitioned (partitioned hash
+//!    join) or sorted (sort-merge join) once; each probe chunk is transformed
+//!    the same way. Payload columns travel with the keys when that side
+//!    gathers from its transformed relation (GFTR), otherwise row ids do (GFUR).
+//! 2. **match**: candidate pairs of equal normalised keys, then, on the host,
+//!    key verification for hashed keys and the residual join filter; then the
+//!    join type's semantics (outer padding, semi, anti, mark) from flags.
+//! 3. **materialize**: output columns gathered from positions.
+
+mod definition;
+mod materialize;
+mod phases;
+mod pipeline;
+mod residual;
+mod semantics;
+mod side;
+mod strategy;
+
+pub use definition::{JoinDefinition, OutputColumn};
+pub use pipeline::{
+    BuildSide, PhaseTimers, finish_build_side, join_probe_chunk, prepare_build_side,
+};
+pub use strategy::{Algorithm, Strategy};

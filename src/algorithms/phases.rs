@@ -1,0 +1,55 @@
+//! The algorithm-specific steps: how a relation is transformed and how
+//! matches are found. The probe side always follows the build side's layout.
+
+use datafusion::error::Result;
+
+use super::Algorithm;
+use crate::backend::{Candidates, JoinBackend, Layout, PartitionSpec, Space, Transformed};
+use crate::keys::NormalizedKey;
+
+/// Transforms the build side: a radix partition with enough bits that build
+/// partitions fit the backend's fast memory (partitioned hash join), or a
+/// radix sort (sort-merge join).
+pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    algorithm: Algorithm,
+    keys: &B::Vector<K>,
+    payloads: &[&B::Column],
+    with_row_ids: bool,
+) -> Result<Transformed<B, K>> {
+    match algorithm {
+        Algorithm::PartitionedHash => {
+            let spec =
+                PartitionSpec::for_build_rows(backend.len(keys), backend.partition_target_rows());
+            backend.partition(keys, payloads, with_row_ids, spec)
+        }
+        Algorithm::SortMerge => backend.sort(keys, payloads, with_row_ids),
+    }
+}
+
+/// Transforms a probe chunk exactly as the build side was transformed.
+pub(crate) fn transform_probe<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build_layout: Layout,
+    keys: &B::Vector<K>,
+    payloads: &[&B::Column],
+    with_row_ids: bool,
+) -> Result<Transformed<B, K>> {
+    match build_layout {
+        Layout::Partitioned(spec) => backend.partition(keys, payloads, with_row_ids, spec),
+        Layout::Sorted => backend.sort(keys, payloads, with_row_ids),
+    }
+}
+
+/// Candidate pairs: hash tables per co-partition, or a merge of sorted runs.
+pub(crate) fn find_matches<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    probe: &Transformed<B, K>,
+    spaces: (Space, Space),
+) -> Result<Candidates<B>> {
+    match build.layout {
+        Layout::Partitioned(_) => backend.hash_match(build, probe, spaces),
+        Layout::Sorted => backend.merge_match(build, probe, spaces),
+    }
+}

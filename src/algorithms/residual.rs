@@ -1,0 +1,118 @@
+//! Host-side checks on candidate pairs: verification of hashed keys against
+//! the real key values, then the residual join filter. Both run before the
+//! join type's semantics, so a pair that fails either counts as unmatched.
+
+use arrow::array::{Array, AsArray, RecordBatchOptions, UInt32Array};
+use arrow::compute::take;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::{JoinSide, internal_err};
+use datafusion::error::Result;
+use datafusion::physical_plan::joins::utils::JoinFilter;
+
+use super::JoinDefinition;
+use super::side::SideView;
+use crate::backend::{Candidates, JoinBackend};
+use crate::keys::{KeyExactness, verify_candidates};
+
+/// Pairs evaluated by the filter at a time, which bounds the intermediate
+/// batch it reads.
+const FILTER_SLICE_ROWS: usize = 1 << 20;
+
+pub(crate) fn apply<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    exactness: KeyExactness,
+    build: &SideView<'_, B>,
+    probe: &SideView<'_, B>,
+    candidates: Candidates<B>,
+) -> Result<Candidates<B>> {
+    let verify = exactness == KeyExactness::NeedsVerification;
+    let count = backend.len(&candidates.build);
+    if count == 0 || (!verify && definition.filter.is_none()) {
+        return Ok(candidates);
+    }
+    let build_rows = build.original_rows(backend, &candidates.build)?;
+    let probe_rows = probe.original_rows(backend, &candidates.probe)?;
+    let mut keep = vec![true; count];
+    if verify {
+        verify_candidates(
+            build.keys,
+            probe.keys,
+            &build_rows,
+            &probe_rows,
+            definition.null_equality,
+            &mut keep,
+        )?;
+    }
+    if let Some(filter) = &definition.filter {
+        apply_filter(
+            filter,
+            build.batch,
+            probe.batch,
+            &build_rows,
+            &probe_rows,
+            &mut keep,
+        )?;
+    }
+    if keep.iter().all(|k| *k) {
+        return Ok(candidates);
+    }
+    let keep: Vec<u8> = keep.into_iter().map(u8::from).collect();
+    let keep = backend.upload(&keep)?;
+    Ok(Candidates {
+        build: backend.select(&candidates.build, &keep)?,
+        probe: backend.select(&candidates.probe, &keep)?,
+    })
+}
+
+/// Evaluates the filter on the pairs still kept; NULL counts as false.
+fn apply_filter(
+    filter: &JoinFilter,
+    build_batch: &RecordBatch,
+    probe_batch: &RecordBatch,
+    build_rows: &[u32],
+    probe_rows: &[u32],
+    keep: &mut [bool],
+) -> Result<()> {
+    let pending: Vec<usize> = keep
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k)
+        .map(|(i, _)| i)
+        .collect();
+    for slice in pending.chunks(FILTER_SLICE_ROWS) {
+        let build_indices: UInt32Array = slice.iter().map(|&i| build_rows[i]).collect();
+        let probe_indices: UInt32Array = slice.iter().map(|&i| probe_rows[i]).collect();
+        let columns = filter
+            .column_indices()
+            .iter()
+            .map(|column| {
+                let (batch, indices) = match column.side {
+                    JoinSide::Left => (build_batch, &build_indices),
+                    JoinSide::Right => (probe_batch, &probe_indices),
+                    JoinSide::None => return internal_err!("join filter reads the mark column"),
+                };
+                Ok(take(batch.column(column.index).as_ref(), indices, None)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let intermediate = RecordBatch::try_new_with_options(
+            std::sync::Arc::clone(filter.schema()),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(slice.len())),
+        )?;
+        let result = filter
+            .expression()
+            .evaluate(&intermediate)?
+            .into_array(slice.len())?;
+        let Some(passed) = result.as_boolean_opt() else {
+            return internal_err!(
+                "join filter returned {} instead of Boolean",
+                result.data_type()
+            );
+        };
+        for (j, &i) in slice.iter().enumerate() {
+            keep[i] = passed.is_valid(j) && passed.value(j);
+        }
+    }
+    Ok(())
+}

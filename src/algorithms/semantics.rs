@@ -1,0 +1,191 @@
+//! Join-type semantics from matched pairs and flags.
+//!
+//! After the residual checks every candidate pair is a match. Probe-side
+//! results are settled per probe chunk; build-side results (unmatched rows of
+//! Left and Full joins, LeftSemi, LeftAnti, LeftMark) come from a flag per
+//! build row, emitted once the whole probe side has been seen.
+
+use datafusion::common::JoinType;
+use datafusion::error::Result;
+
+use super::JoinDefinition;
+use super::side::SideView;
+use crate::backend::{Candidates, JoinBackend};
+
+/// The rows of one side of the output.
+pub(crate) enum SideRows<B: JoinBackend> {
+    /// Positions in the side's space; null positions give null values.
+    Positions(B::Vector<u32>),
+    /// Every value is null (the padding of unmatched build rows), or the
+    /// side has no output columns.
+    Null,
+}
+
+/// The rows of an output batch, before materialization.
+pub(crate) struct OutputRows<B: JoinBackend> {
+    pub build: SideRows<B>,
+    pub probe: SideRows<B>,
+    pub mark: Option<Vec<bool>>,
+    pub len: usize,
+}
+
+impl<B: JoinBackend> OutputRows<B> {
+    fn pairs(backend: &B, build: B::Vector<u32>, probe: B::Vector<u32>) -> Self {
+        let len = backend.len(&probe);
+        Self {
+            build: SideRows::Positions(build),
+            probe: SideRows::Positions(probe),
+            mark: None,
+            len,
+        }
+    }
+
+    fn build_only(backend: &B, build: B::Vector<u32>, mark: Option<Vec<bool>>) -> Self {
+        let len = backend.len(&build);
+        Self {
+            build: SideRows::Positions(build),
+            probe: SideRows::Null,
+            mark,
+            len,
+        }
+    }
+
+    fn probe_only(backend: &B, probe: B::Vector<u32>, mark: Option<Vec<bool>>) -> Self {
+        let len = backend.len(&probe);
+        Self {
+            build: SideRows::Null,
+            probe: SideRows::Positions(probe),
+            mark,
+            len,
+        }
+    }
+
+    fn empty() -> Self {
+        Self {
+            build: SideRows::Null,
+            probe: SideRows::Null,
+            mark: None,
+            len: 0,
+        }
+    }
+}
+
+/// The output rows one probe chunk settles; marks visited build rows.
+pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    matches: Candidates<B>,
+    probe_rows: usize,
+    visited: Option<&B::Flags>,
+) -> Result<OutputRows<B>> {
+    if let Some(visited) = visited {
+        backend.set_flags(visited, &matches.build)?;
+    }
+    let probe_flags = |backend: &B, matches: &Candidates<B>| -> Result<B::Flags> {
+        let flags = backend.new_flags(probe_rows)?;
+        backend.set_flags(&flags, &matches.probe)?;
+        Ok(flags)
+    };
+    let rows = match definition.join_type {
+        JoinType::Inner | JoinType::Left => {
+            OutputRows::pairs(backend, matches.build, matches.probe)
+        }
+        JoinType::Right | JoinType::Full => {
+            let unmatched = backend.flagged(&probe_flags(backend, &matches)?, false)?;
+            let padding = backend.null_positions(backend.len(&unmatched))?;
+            OutputRows::pairs(
+                backend,
+                backend.concat(&matches.build, &padding)?,
+                backend.concat(&matches.probe, &unmatched)?,
+            )
+        }
+        JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => OutputRows::empty(),
+        JoinType::RightSemi | JoinType::RightAnti => {
+            let matched = definition.join_type == JoinType::RightSemi;
+            let probe = backend.flagged(&probe_flags(backend, &matches)?, matched)?;
+            OutputRows::probe_only(backend, probe, None)
+        }
+        JoinType::RightMark => {
+            let mark = backend.download_flags(&probe_flags(backend, &matches)?)?;
+            OutputRows::probe_only(backend, backend.sequence(probe_rows)?, Some(mark))
+        }
+    };
+    if definition.preserve_probe_order {
+        return in_probe_order(backend, rows);
+    }
+    Ok(rows)
+}
+
+/// Reorders pairs by probe row; flag-derived outputs are already ascending.
+fn in_probe_order<B: JoinBackend>(backend: &B, rows: OutputRows<B>) -> Result<OutputRows<B>> {
+    match (&rows.build, &rows.probe) {
+        (SideRows::Positions(build), SideRows::Positions(probe)) => {
+            let (probe, build) = backend.sort_pairs(probe, build)?;
+            Ok(OutputRows::pairs(backend, build, probe))
+        }
+        _ => Ok(rows),
+    }
+}
+
+/// Build-side output once the probe side is exhausted, or `None` for join
+/// types that emit nothing then.
+pub(crate) fn build_side_rows<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    build: &SideView<'_, B>,
+    visited: &B::Flags,
+    build_rows: usize,
+    probe_seen: ProbeSummary,
+) -> Result<Option<OutputRows<B>>> {
+    Ok(Some(match definition.join_type {
+        JoinType::Left | JoinType::Full => {
+            OutputRows::build_only(backend, backend.flagged(visited, false)?, None)
+        }
+        JoinType::LeftSemi => {
+            OutputRows::build_only(backend, backend.flagged(visited, true)?, None)
+        }
+        JoinType::LeftAnti if definition.null_aware => {
+            // NOT IN: a NULL in the subquery makes every comparison unknown,
+            // and a NULL outer key is unknown against a non-empty subquery.
+            if probe_seen.has_null_key {
+                return Ok(None);
+            }
+            let unmatched = backend.flagged(visited, false)?;
+            let unmatched = if probe_seen.non_empty {
+                drop_null_keys(backend, build, unmatched)?
+            } else {
+                unmatched
+            };
+            OutputRows::build_only(backend, unmatched, None)
+        }
+        JoinType::LeftAnti => {
+            OutputRows::build_only(backend, backend.flagged(visited, false)?, None)
+        }
+        JoinType::LeftMark => {
+            let mark = backend.download_flags(visited)?;
+            OutputRows::build_only(backend, backend.sequence(build_rows)?, Some(mark))
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// What the probe side showed, for null-aware anti joins.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ProbeSummary {
+    pub non_empty: bool,
+    pub has_null_key: bool,
+}
+
+fn drop_null_keys<B: JoinBackend>(
+    backend: &B,
+    build: &SideView<'_, B>,
+    positions: B::Vector<u32>,
+) -> Result<B::Vector<u32>> {
+    let rows = build.original_rows(backend, &positions)?;
+    let key = &build.keys[0];
+    let keep: Vec<u8> = rows
+        .iter()
+        .map(|&r| u8::from(key.is_valid(r as usize)))
+        .collect();
+    backend.select(&positions, &backend.upload(&keep)?)
+}

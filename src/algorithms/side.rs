@@ -1,0 +1,76 @@
+//! One side of a join as the match and materialize phases see it.
+
+use arrow::array::ArrayRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::internal_err;
+use datafusion::error::Result;
+
+use crate::backend::{JoinBackend, Space};
+
+/// Where one column of a side is read from when the output is materialized.
+pub(crate) enum ColumnPlacement<C> {
+    /// Payload `i` of the transformed relation (GFTR).
+    Transformed(usize),
+    /// An untransformed copy in backend memory, gathered by row (GFUR).
+    Device(C),
+    /// The host batch, gathered with Arrow's `take` from row ids: types the
+    /// backend does not hold.
+    Host,
+}
+
+/// Decides where each needed column of a side lives and uploads it.
+/// Returns the placements (indexed by column) and the columns to carry
+/// through the transform, in payload order.
+pub(crate) fn place_columns<B: JoinBackend>(
+    backend: &B,
+    batch: &RecordBatch,
+    columns: &[usize],
+    space: Space,
+) -> Result<(Vec<Option<ColumnPlacement<B::Column>>>, Vec<B::Column>)> {
+    let mut placements: Vec<Option<ColumnPlacement<B::Column>>> =
+        (0..batch.num_columns()).map(|_| None).collect();
+    let mut to_transform = vec![];
+    for &i in columns {
+        let column = batch.column(i);
+        placements[i] = Some(if !backend.holds_column(column.data_type()) {
+            ColumnPlacement::Host
+        } else if space == Space::Transformed {
+            to_transform.push(backend.upload_column(column)?);
+            ColumnPlacement::Transformed(to_transform.len() - 1)
+        } else {
+            ColumnPlacement::Device(backend.upload_column(column)?)
+        });
+    }
+    Ok((placements, to_transform))
+}
+
+/// Whether any needed column of a side is gathered on the host.
+pub(crate) fn has_host_columns<C>(placements: &[Option<ColumnPlacement<C>>]) -> bool {
+    placements
+        .iter()
+        .any(|p| matches!(p, Some(ColumnPlacement::Host)))
+}
+
+pub(crate) struct SideView<'a, B: JoinBackend> {
+    pub batch: &'a RecordBatch,
+    pub keys: &'a [ArrayRef],
+    pub space: Space,
+    pub row_ids: Option<&'a B::Vector<u32>>,
+    pub placements: &'a [Option<ColumnPlacement<B::Column>>],
+    pub payloads: &'a [B::Column],
+}
+
+impl<B: JoinBackend> SideView<'_, B> {
+    /// The original rows of positions in this side's space, on the host.
+    pub fn original_rows(&self, backend: &B, positions: &B::Vector<u32>) -> Result<Vec<u32>> {
+        match (self.space, self.row_ids) {
+            (Space::Original, _) => backend.download(positions),
+            (Space::Transformed, Some(row_ids)) => {
+                backend.download(&backend.gather_positions(row_ids, positions)?)
+            }
+            (Space::Transformed, None) => {
+                internal_err!("original rows asked for a side transformed without row ids")
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Match phase on the CPU: a chained hash table per co-partition, and a
+//! merge of sorted runs.
+
+use datafusion::common::internal_err;
+use datafusion::error::Result;
+use rayon::prelude::*;
+
+use super::CpuBackend;
+use crate::backend::{Candidates, Layout, Space, Transformed};
+use crate::keys::NormalizedKey;
+
+/// Pairs of transformed positions.
+pub(super) struct Pairs {
+    build: Vec<u32>,
+    probe: Vec<u32>,
+}
+
+const END_OF_CHAIN: u32 = u32::MAX;
+
+/// The hash table bucket of a key; independent of the bits that chose the
+/// partition, which are the same for every key of a co-partition.
+fn bucket<K: NormalizedKey>(key: K, mask: usize) -> usize {
+    ((key.to_u64().wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 32) as usize) & mask
+}
+
+pub(super) fn hash_match<K: NormalizedKey>(
+    build: &Transformed<CpuBackend, K>,
+    probe: &Transformed<CpuBackend, K>,
+) -> Result<Pairs> {
+    let (Layout::Partitioned(build_spec), Layout::Partitioned(probe_spec)) =
+        (build.layout, probe.layout)
+    else {
+        return internal_err!("hash_match needs two partitioned relations");
+    };
+    if build_spec != probe_spec {
+        return internal_err!(
+            "hash_match: build has {} radix bits, probe {}",
+            build_spec.bits,
+            probe_spec.bits
+        );
+    }
+    // The last partition holds unmatchable keys and is skipped.
+    let per_partition: Vec<Pairs> = (0..build_spec.partitions())
+        .into_par_iter()
+        .map(|p| {
+            let (b0, b1) = (build.offsets[p] as usize, build.offsets[p + 1] as usize);
+            let (p0, p1) = (probe.offsets[p] as usize, probe.offsets[p + 1] as usize);
+            join_co_partition(
+                &build.keys[b0..b1],
+                b0 as u32,
+                &probe.keys[p0..p1],
+                p0 as u32,
+            )
+        })
+        .collect();
+    let total = per_partition.iter().map(|p| p.build.len()).sum();
+    let mut pairs = Pairs {
+        build: Vec::with_capacity(total),
+        probe: Vec::with_capacity(total),
+    };
+    for part in per_partition {
+        pairs.build.extend(part.build);
+        pairs.probe.extend(part.probe);
+    }
+    Ok(pairs)
+}
+
+fn join_co_partition<K: NormalizedKey>(
+    build: &[K],
+    build_base: u32,
+    probe: &[K],
+    probe_base: u32,
+) -> Pairs {
+    let mut pairs = Pairs {
+        build: vec![],
+        probe: vec![],
+    };
+    if build.is_empty() || probe.is_empty() {
+        return pairs;
+    }
+    let mask = build.len().next_power_of_two() * 2 - 1;
+    let mut heads = vec![END_OF_CHAIN; mask + 1];
+    let mut next = vec![END_OF_CHAIN; build.len()];
+    // Inserting in reverse makes every chain list build rows in ascending order.
+    for (i, key) in build.iter().enumerate().rev() {
+        let b = bucket(*key, mask);
+        next[i] = heads[b];
+        heads[b] = i as u32;
+    }
+    for (j, key) in probe.iter().enumerate() {
+        let mut i = heads[bucket(*key, mask)];
+        while i != END_OF_CHAIN {
+            if build[i as usize] == *key {
+                pairs.build.push(build_base + i);
+                pairs.probe.push(probe_base + j as u32);
+            }
+            i = next[i as usize];
+        }
+    }
+    pairs
+}
+
+pub(super) fn merge_match<K: NormalizedKey>(
+    build: &Transformed<CpuBackend, K>,
+    probe: &Transformed<CpuBackend, K>,
+) -> Result<Pairs> {
+    if build.layout != Layout::Sorted || probe.layout != Layout::Sorted {
+        return internal_err!("merge_match needs two sorted relations");
+    }
+    // Unmatchable keys sort last; offsets[1] is where they start.
+    let b = &build.keys[..build.offsets[1] as usize];
+    let p = &probe.keys[..probe.offsets[1] as usize];
+    let mut pairs = Pairs {
+        build: vec![],
+        probe: vec![],
+    };
+    let (mut i, mut j) = (0, 0);
+    while i < b.len() && j < p.len() {
+        match b[i].cmp(&p[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                let i_end = i + b[i..].iter().take_while(|k| **k == b[i]).count();
+                let j_end = j + p[j..].iter().take_while(|k| **k == p[j]).count();
+                for bi in i..i_end {
+                    for pj in j..j_end {
+                        pairs.build.push(bi as u32);
+                        pairs.probe.push(pj as u32);
+                    }
+                }
+                (i, j) = (i_end, j_end);
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+/// Maps transformed positions to original rows for sides asked for in
+/// [`Space::Original`].
+pub(super) fn into_spaces<K: NormalizedKey>(
+    pairs: Pairs,
+    build: &Transformed<CpuBackend, K>,
+    probe: &Transformed<CpuBackend, K>,
+    (build_space, probe_space): (Space, Space),
+) -> Result<Candidates<CpuBackend>> {
+    fn map(
+        positions: Vec<u32>,
+        row_ids: Option<&Vec<u32>>,
+        space: Space,
+        side: &str,
+    ) -> Result<Vec<u32>> {
+        match (space, row_ids) {
+            (Space::Transformed, _) => Ok(positions),
+            (Space::Original, Some(ids)) => {
+                Ok(positions.iter().map(|&p| ids[p as usize]).collect())
+            }
+            (Space::Original, None) => internal_err!("{side} rows asked for without row ids"),
+        }
+    }
+    Ok(Candidates {
+        build: map(pairs.build, build.row_ids.as_ref(), build_space, "build")?,
+        probe: map(pairs.probe, probe.row_ids.as_ref(), probe_space, "probe")?,
+    })
+}

@@ -1,0 +1,207 @@
+//! The CPU reference backend: the join primitives in plain Rust.
+//!
+//! It defines the answer the CUDA backend is tested against, so it favours
+//! obviously correct code over speed; rayon spreads the per-partition match
+//! work over cores. "Backend memory" is host memory here, so uploads and
+//! downloads are free and its columns are plain Arrow arrays of any type.
+
+mod matching;
+mod transform;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arrow::array::ArrayRef;
+use arrow::compute::take;
+use arrow::datatypes::DataType;
+use datafusion::error::Result;
+
+use super::{
+    Candidates, DeviceCounters, Element, JoinBackend, NULL_POSITION, PartitionSpec, Space,
+    Transformed, positions_to_indices,
+};
+use crate::keys::NormalizedKey;
+
+/// Build partitions of about this many rows keep each co-partition's hash
+/// table in a core's private cache.
+const CPU_PARTITION_TARGET_ROWS: usize = 8 * 1024;
+
+#[derive(Debug, Default, Clone)]
+pub struct CpuBackend {
+    counters: Arc<DeviceCounters>,
+}
+
+impl JoinBackend for CpuBackend {
+    type Vector<T: Element> = Vec<T>;
+    type Column = ArrayRef;
+    type Flags = Vec<AtomicBool>;
+    type Device = ();
+
+    /// Gathering by row id skips permuting every payload column, which on
+    /// a CPU costs more than the less clustered gather saves.
+    const PREFERRED_GATHER_SPACE: Space = Space::Original;
+
+    fn open(_device: &(), counters: Arc<DeviceCounters>) -> Result<Self> {
+        Ok(Self { counters })
+    }
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn counters(&self) -> &DeviceCounters {
+        &self.counters
+    }
+
+    fn partition_target_rows(&self) -> usize {
+        CPU_PARTITION_TARGET_ROWS
+    }
+
+    fn upload<T: Element>(&self, host: &[T]) -> Result<Vec<T>> {
+        Ok(host.to_vec())
+    }
+
+    fn download<T: Element>(&self, vector: &Vec<T>) -> Result<Vec<T>> {
+        Ok(vector.clone())
+    }
+
+    fn len<T: Element>(&self, vector: &Vec<T>) -> usize {
+        vector.len()
+    }
+
+    fn holds_column(&self, _data_type: &DataType) -> bool {
+        true
+    }
+
+    fn upload_column(&self, array: &ArrayRef) -> Result<ArrayRef> {
+        Ok(Arc::clone(array))
+    }
+
+    fn download_column(&self, column: &ArrayRef) -> Result<ArrayRef> {
+        Ok(Arc::clone(column))
+    }
+
+    fn partition<K: NormalizedKey>(
+        &self,
+        keys: &Vec<K>,
+        payloads: &[&ArrayRef],
+        with_row_ids: bool,
+        spec: PartitionSpec,
+    ) -> Result<Transformed<Self, K>> {
+        transform::partition(keys, payloads, with_row_ids, spec)
+    }
+
+    fn sort<K: NormalizedKey>(
+        &self,
+        keys: &Vec<K>,
+        payloads: &[&ArrayRef],
+        with_row_ids: bool,
+    ) -> Result<Transformed<Self, K>> {
+        transform::sort(keys, payloads, with_row_ids)
+    }
+
+    fn hash_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+    ) -> Result<Candidates<Self>> {
+        let pairs = matching::hash_match(build, probe)?;
+        matching::into_spaces(pairs, build, probe, spaces)
+    }
+
+    fn merge_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+    ) -> Result<Candidates<Self>> {
+        let pairs = matching::merge_match(build, probe)?;
+        matching::into_spaces(pairs, build, probe, spaces)
+    }
+
+    fn gather_positions(&self, values: &Vec<u32>, positions: &Vec<u32>) -> Result<Vec<u32>> {
+        positions
+            .iter()
+            .map(|&p| match p {
+                NULL_POSITION => Ok(NULL_POSITION),
+                p => values.get(p as usize).copied().ok_or_else(|| {
+                    datafusion::common::internal_datafusion_err!(
+                        "gather_positions: position {p} out of {} values",
+                        values.len()
+                    )
+                }),
+            })
+            .collect()
+    }
+
+    fn gather_column(&self, column: &ArrayRef, positions: &Vec<u32>) -> Result<ArrayRef> {
+        Ok(take(
+            column.as_ref(),
+            &positions_to_indices(positions),
+            None,
+        )?)
+    }
+
+    fn select(&self, values: &Vec<u32>, keep: &Vec<u8>) -> Result<Vec<u32>> {
+        Ok(values
+            .iter()
+            .zip(keep)
+            .filter(|(_, k)| **k != 0)
+            .map(|(v, _)| *v)
+            .collect())
+    }
+
+    fn sequence(&self, len: usize) -> Result<Vec<u32>> {
+        Ok((0..len as u32).collect())
+    }
+
+    fn null_positions(&self, len: usize) -> Result<Vec<u32>> {
+        Ok(vec![NULL_POSITION; len])
+    }
+
+    fn concat(&self, first: &Vec<u32>, second: &Vec<u32>) -> Result<Vec<u32>> {
+        Ok([first.as_slice(), second.as_slice()].concat())
+    }
+
+    fn sort_pairs(&self, keys: &Vec<u32>, values: &Vec<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
+        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+        order.sort_by_key(|&i| keys[i as usize]);
+        Ok((
+            order.iter().map(|&i| keys[i as usize]).collect(),
+            order.iter().map(|&i| values[i as usize]).collect(),
+        ))
+    }
+
+    fn new_flags(&self, len: usize) -> Result<Vec<AtomicBool>> {
+        Ok((0..len).map(|_| AtomicBool::new(false)).collect())
+    }
+
+    fn set_flags(&self, flags: &Vec<AtomicBool>, positions: &Vec<u32>) -> Result<()> {
+        for &p in positions.iter().filter(|&&p| p != NULL_POSITION) {
+            flags
+                .get(p as usize)
+                .ok_or_else(|| {
+                    datafusion::common::internal_datafusion_err!(
+                        "set_flags: position {p} out of {} flags",
+                        flags.len()
+                    )
+                })?
+                .store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn flagged(&self, flags: &Vec<AtomicBool>, value: bool) -> Result<Vec<u32>> {
+        Ok(flags
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.load(Ordering::Relaxed) == value)
+            .map(|(i, _)| i as u32)
+            .collect())
+    }
+
+    fn download_flags(&self, flags: &Vec<AtomicBool>) -> Result<Vec<bool>> {
+        Ok(flags.iter().map(|f| f.load(Ordering::Relaxed)).collect())
+    }
+}

@@ -1,0 +1,280 @@
+//! Backends: the join primitives, implemented once per kind of hardware.
+//!
+//! The algorithms in [`crate::algorithms`] are written once over this trait,
+//! following He et al. (SIGMOD 2008) and the GFTR paper: a stable radix
+//! partition or sort transforms a relation (keys, optionally payload columns
+//! and row ids), match finding pairs up positions of the two transformed
+//! relations, and gathers materialize columns from positions. A handful of
+//! flag and compaction primitives express every join type's semantics.
+//!
+//! The CPU backend is the reference: the CUDA backend must produce the same
+//! transformed relations and the same set of matches for every input.
+
+mod counters;
+pub mod cpu;
+mod cuda;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, UInt32Array};
+use arrow::datatypes::DataType;
+use datafusion::error::Result;
+
+pub use counters::DeviceCounters;
+
+use crate::keys::NormalizedKey;
+
+/// The backend a join was planned for. Cheap to clone; the operator opens
+/// one backend instance per output partition from it.
+#[derive(Debug, Clone)]
+pub enum BackendHandle {
+    Cpu,
+}
+
+impl BackendHandle {
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackendHandle::Cpu => "cpu",
+        }
+    }
+
+    pub fn preferred_gather_space(&self) -> Space {
+        match self {
+            BackendHandle::Cpu => cpu::CpuBackend::PREFERRED_GATHER_SPACE,
+        }
+    }
+}
+
+/// The CUDA backend for the session's device, or why there is none.
+pub fn cuda_backend(
+    _options: &crate::config::GpuJoinConfig,
+) -> std::result::Result<BackendHandle, String> {
+    cuda::probe_libraries()?;
+    Err("this build has no CUDA backend".to_string())
+}
+
+/// Types that backend vectors hold.
+pub trait Element: Copy + Send + Sync + Default + Debug + 'static {}
+impl Element for u8 {}
+impl Element for u32 {}
+impl Element for u64 {}
+
+/// A position that denotes "no row": the padding side of an outer join row.
+pub const NULL_POSITION: u32 = u32::MAX;
+
+/// Positions as an Arrow index array, null where the position is null.
+pub fn positions_to_indices(positions: &[u32]) -> UInt32Array {
+    positions
+        .iter()
+        .map(|&p| (p != NULL_POSITION).then_some(p))
+        .collect()
+}
+
+/// The most rows one relation or probe chunk may have: positions are `u32`
+/// and [`NULL_POSITION`] is reserved.
+pub const MAX_RELATION_ROWS: usize = (u32::MAX - 1) as usize;
+
+/// Which positions a primitive reads or writes for one side of a join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    /// Positions in the transformed (partitioned or sorted) relation: gathers
+    /// from transformed payload columns are clustered (GFTR).
+    Transformed,
+    /// Row numbers of the original relation (GFUR).
+    Original,
+}
+
+/// How keys are distributed over partitions for the partitioned hash join.
+///
+/// Partition `p` of key `k` is the top `bits` bits of `k` times an odd
+/// constant (Fibonacci hashing), which spreads dense and strided keys alike;
+/// the unmatchable key goes to the extra partition `1 << bits`, last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionSpec {
+    pub bits: u32,
+}
+
+impl PartitionSpec {
+    /// Most radix bits: two 8-bit passes, as in the GFTR paper.
+    pub const MAX_BITS: u32 = 16;
+
+    /// Enough partitions that the average build partition holds about
+    /// `target_rows` rows.
+    pub fn for_build_rows(build_rows: usize, target_rows: usize) -> Self {
+        let partitions = build_rows.div_ceil(target_rows.max(1)).max(1);
+        let bits = usize::BITS - (partitions - 1).leading_zeros();
+        Self {
+            bits: bits.min(Self::MAX_BITS),
+        }
+    }
+
+    /// Partitions holding matchable keys; one more holds unmatchable keys.
+    pub fn partitions(&self) -> usize {
+        1 << self.bits
+    }
+
+    pub fn partition_of<K: NormalizedKey>(&self, key: K) -> usize {
+        if key == K::UNMATCHABLE {
+            return self.partitions();
+        }
+        if self.bits == 0 {
+            return 0;
+        }
+        match K::BITS {
+            32 => ((key.to_u64() as u32).wrapping_mul(0x9E37_79B1) >> (32 - self.bits)) as usize,
+            _ => (key.to_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize,
+        }
+    }
+}
+
+/// How a relation is ordered after its transformation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Stable radix partition; `offsets` of the partitions live in the relation.
+    Partitioned(PartitionSpec),
+    /// Stable sort by key, unmatchable keys last.
+    Sorted,
+}
+
+/// A relation after the transform phase: keys and the requested payload
+/// columns in transformed order, plus where each position came from.
+pub struct Transformed<B: JoinBackend + ?Sized, K: NormalizedKey> {
+    pub keys: B::Vector<K>,
+    /// Original row of each transformed position, when requested.
+    pub row_ids: Option<B::Vector<u32>>,
+    /// Payload columns transformed together with the keys (GFTR).
+    pub payloads: Vec<B::Column>,
+    /// `partitions + 2` offsets for a partitioned relation (the last partition
+    /// holds unmatchable keys); for a sorted one, `[0, matchable rows, rows]`.
+    pub offsets: B::Vector<u32>,
+    pub layout: Layout,
+    pub rows: usize,
+}
+
+/// Candidate pairs from match finding, in the requested spaces.
+pub struct Candidates<B: JoinBackend + ?Sized> {
+    pub build: B::Vector<u32>,
+    pub probe: B::Vector<u32>,
+}
+
+/// The join primitives.
+///
+/// Every method may fail with a `DataFusionError` that names the primitive
+/// and the sizes involved; none panics on bad input.
+pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
+    /// What instances are opened on: a device handle, shared by every join.
+    type Device: Send + Sync + Debug + Clone + 'static;
+    /// A vector in backend memory.
+    type Vector<T: Element>: Send + Sync;
+    /// A payload column in backend memory.
+    type Column: Send + Sync;
+    /// A set of per-position flags that several probe partitions may set
+    /// concurrently (matched probe rows, visited build rows).
+    type Flags: Send + Sync;
+
+    /// Where payloads are gathered from when the session leaves it to the
+    /// backend (`gpu_join.materialization = auto`).
+    const PREFERRED_GATHER_SPACE: Space;
+
+    /// An instance serving one partition of one join, counting into `counters`.
+    fn open(device: &Self::Device, counters: Arc<DeviceCounters>) -> Result<Self>;
+
+    /// `cpu` or `cuda`, for EXPLAIN and errors.
+    fn name(&self) -> &'static str;
+    /// Transfer and memory counters of the join this backend instance serves.
+    fn counters(&self) -> &DeviceCounters;
+    /// Build partitions are sized to hold about this many rows.
+    fn partition_target_rows(&self) -> usize;
+
+    // ---- moving data ----
+    fn upload<T: Element>(&self, host: &[T]) -> Result<Self::Vector<T>>;
+    fn download<T: Element>(&self, vector: &Self::Vector<T>) -> Result<Vec<T>>;
+    fn len<T: Element>(&self, vector: &Self::Vector<T>) -> usize;
+    /// Whether columns of this type can live in backend memory; other columns
+    /// are gathered on the host from row ids.
+    fn holds_column(&self, data_type: &DataType) -> bool;
+    fn upload_column(&self, array: &ArrayRef) -> Result<Self::Column>;
+    fn download_column(&self, column: &Self::Column) -> Result<ArrayRef>;
+
+    // ---- transform ----
+    /// Stable radix partition of `keys`, carrying `payloads` and (if asked)
+    /// row ids along.
+    fn partition<K: NormalizedKey>(
+        &self,
+        keys: &Self::Vector<K>,
+        payloads: &[&Self::Column],
+        with_row_ids: bool,
+        spec: PartitionSpec,
+    ) -> Result<Transformed<Self, K>>;
+
+    /// Stable sort by key, carrying `payloads` and (if asked) row ids along.
+    fn sort<K: NormalizedKey>(
+        &self,
+        keys: &Self::Vector<K>,
+        payloads: &[&Self::Column],
+        with_row_ids: bool,
+    ) -> Result<Transformed<Self, K>>;
+
+    // ---- match ----
+    /// Every pair of equal keys within co-partitions. A side asked for in
+    /// [`Space::Original`] must have row ids.
+    fn hash_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+    ) -> Result<Candidates<Self>>;
+
+    /// Every pair of equal keys of two sorted relations.
+    fn merge_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+    ) -> Result<Candidates<Self>>;
+
+    // ---- gather and compaction ----
+    /// `values[positions[i]]`, and [`NULL_POSITION`] where the position is null.
+    fn gather_positions(
+        &self,
+        values: &Self::Vector<u32>,
+        positions: &Self::Vector<u32>,
+    ) -> Result<Self::Vector<u32>>;
+    /// Rows `positions` of `column`; a null position gives a null value.
+    fn gather_column(
+        &self,
+        column: &Self::Column,
+        positions: &Self::Vector<u32>,
+    ) -> Result<Self::Column>;
+    /// The elements whose `keep` byte is non-zero, in order.
+    fn select(
+        &self,
+        values: &Self::Vector<u32>,
+        keep: &Self::Vector<u8>,
+    ) -> Result<Self::Vector<u32>>;
+    /// `0, 1, .., len - 1`.
+    fn sequence(&self, len: usize) -> Result<Self::Vector<u32>>;
+    /// `len` null positions.
+    fn null_positions(&self, len: usize) -> Result<Self::Vector<u32>>;
+    /// `first` followed by `second`.
+    fn concat(
+        &self,
+        first: &Self::Vector<u32>,
+        second: &Self::Vector<u32>,
+    ) -> Result<Self::Vector<u32>>;
+    /// Stable sort of pairs by `keys`; returns the reordered keys and values.
+    fn sort_pairs(
+        &self,
+        keys: &Self::Vector<u32>,
+        values: &Self::Vector<u32>,
+    ) -> Result<(Self::Vector<u32>, Self::Vector<u32>)>;
+
+    // ---- flags ----
+    fn new_flags(&self, len: usize) -> Result<Self::Flags>;
+    /// Sets the flag of every non-null position.
+    fn set_flags(&self, flags: &Self::Flags, positions: &Self::Vector<u32>) -> Result<()>;
+    /// Positions whose flag equals `value`, ascending.
+    fn flagged(&self, flags: &Self::Flags, value: bool) -> Result<Self::Vector<u32>>;
+    fn download_flags(&self, flags: &Self::Flags) -> Result<Vec<bool>>;
+}

@@ -1,0 +1,262 @@
+//! `gpu_join.*` session options.
+//!
+//! The options live in DataFusion's own config system as a [`ConfigExtension`],
+//! so `SET gpu_join.enabled = false` works from SQL and `SHOW ALL` lists them.
+//! Every option is documented for users in `docs/configuration.md`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::common::config::{ConfigExtension, ConfigOptions};
+use datafusion::common::{config_err, config_field, extensions_options};
+use datafusion::error::{DataFusionError, Result};
+
+/// Defines a config enum with its SQL spelling, `FromStr`, `Display` and
+/// `ConfigField`, so that each option has exactly one list of accepted values.
+macro_rules! config_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? } default $default:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every accepted spelling, for error messages and docs.
+            pub const VALUES: &'static [&'static str] = &[$($text),+];
+        }
+
+        impl FromStr for $name {
+            type Err = DataFusionError;
+            fn from_str(s: &str) -> Result<Self> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $($text => Ok(Self::$variant),)+
+                    other => config_err!(
+                        "gpu_join: '{}' is not a valid {}; expected one of {}",
+                        other,
+                        stringify!($name),
+                        Self::VALUES.join(", ")
+                    ),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self { $(Self::$variant => $text,)+ })
+            }
+        }
+
+        config_field!($name);
+    };
+}
+
+config_enum! {
+    /// Which implementation of the join primitives runs the join.
+    BackendChoice {
+        /// CUDA when a usable device exists; otherwise joins stay with DataFusion.
+        #[default]
+        Auto => "auto",
+        /// Always CUDA; planning fails with a clear error when no device is usable.
+        Cuda => "cuda",
+        /// The CPU reference backend (the oracle the CUDA backend is tested against).
+        Cpu => "cpu",
+    } default Auto
+}
+
+config_enum! {
+    /// Which join algorithm runs on the backend.
+    AlgorithmChoice {
+        /// Chosen per join from sizes and key properties.
+        #[default]
+        Auto => "auto",
+        /// Partitioned hash join (PHJ).
+        Hash => "hash",
+        /// Sort-merge join (SMJ).
+        SortMerge => "sort_merge",
+    } default Auto
+}
+
+config_enum! {
+    /// Where payload columns are gathered from.
+    MaterializationChoice {
+        /// Chosen per join side.
+        #[default]
+        Auto => "auto",
+        /// Gather from transformed relations (GFTR, the `-OM` variants).
+        Transformed => "transformed",
+        /// Gather from untransformed relations by row id (GFUR, the `-UM` variants).
+        Untransformed => "untransformed",
+    } default Auto
+}
+
+config_enum! {
+    /// Which join placement decisions are written to the log.
+    ExplainChoice {
+        /// Nothing is logged.
+        None => "none",
+        /// Joins that stay on DataFusion's operator, with the reason.
+        #[default]
+        NotOnGpu => "not_on_gpu",
+        /// Every join, replaced or not.
+        All => "all",
+    } default NotOnGpu
+}
+
+/// A memory budget: `auto`, a byte count with an optional K/M/G/T suffix, or a
+/// percentage of the device's total memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryLimit {
+    /// 80% of the device memory that is free when the backend starts.
+    #[default]
+    Auto,
+    /// An absolute number of bytes.
+    Bytes(u64),
+    /// A share of the device's total memory, 1 to 100.
+    Percent(u8),
+}
+
+impl MemoryLimit {
+    /// The budget in bytes for a device with `total` bytes of which `free` are free.
+    pub fn resolve(&self, total: u64, free: u64) -> u64 {
+        match *self {
+            MemoryLimit::Auto => free / 10 * 8,
+            MemoryLimit::Bytes(bytes) => bytes.min(total),
+            MemoryLimit::Percent(p) => total / 100 * u64::from(p),
+        }
+    }
+}
+
+impl FromStr for MemoryLimit {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self> {
+        let text = s.trim().to_ascii_lowercase();
+        if text == "auto" {
+            return Ok(MemoryLimit::Auto);
+        }
+        let invalid = || {
+            config_err!(
+                "gpu_join.memory_limit: '{s}' is not 'auto', a size such as '40G' or '512M', or a percentage such as '75%'"
+            )
+        };
+        if let Some(p) = text.strip_suffix('%') {
+            return match p.trim().parse::<u8>() {
+                Ok(p) if (1..=100).contains(&p) => Ok(MemoryLimit::Percent(p)),
+                _ => invalid(),
+            };
+        }
+        let number = text.strip_suffix('b').unwrap_or(&text);
+        let (digits, scale) = match number.char_indices().last() {
+            Some((i, 'k')) => (&number[..i], 1u64 << 10),
+            Some((i, 'm')) => (&number[..i], 1 << 20),
+            Some((i, 'g')) => (&number[..i], 1 << 30),
+            Some((i, 't')) => (&number[..i], 1 << 40),
+            _ => (number, 1),
+        };
+        match digits.trim().parse::<u64>() {
+            Ok(n) if n > 0 => n
+                .checked_mul(scale)
+                .map(MemoryLimit::Bytes)
+                .map_or_else(invalid, Ok),
+            _ => invalid(),
+        }
+    }
+}
+
+impl fmt::Display for MemoryLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryLimit::Auto => f.write_str("auto"),
+            MemoryLimit::Bytes(b) => write!(f, "{b}"),
+            MemoryLimit::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+config_field!(MemoryLimit);
+
+extensions_options! {
+    /// Options of the GPU join, set with `SET gpu_join.<name> = <value>`.
+    pub struct GpuJoinConfig {
+        /// Replace DataFusion's hash and sort-merge joins with GpuJoinExec.
+        pub enabled: bool, default = true
+        /// Backend running the join primitives: auto, cuda or cpu.
+        pub backend: BackendChoice, default = BackendChoice::Auto
+        /// Join algorithm: auto, hash or sort_merge.
+        pub algorithm: AlgorithmChoice, default = AlgorithmChoice::Auto
+        /// Payload materialization: auto, transformed (GFTR) or untransformed (GFUR).
+        pub materialization: MaterializationChoice, default = MaterializationChoice::Auto
+        /// Joins whose estimated build plus probe rows are below this stay on DataFusion.
+        pub min_rows: usize, default = 1_000_000
+        /// CUDA device ordinal.
+        pub device: usize, default = 0
+        /// Device memory budget: auto, a size such as 40G, or a percentage such as 75%.
+        pub memory_limit: MemoryLimit, default = MemoryLimit::Auto
+        /// Probe rows gathered into one chunk before it is joined.
+        pub probe_chunk_rows: usize, default = 1 << 24
+        /// Which placement decisions are logged: none, not_on_gpu or all.
+        pub explain: ExplainChoice, default = ExplainChoice::NotOnGpu
+    }
+}
+
+impl ConfigExtension for GpuJoinConfig {
+    const PREFIX: &'static str = "gpu_join";
+}
+
+impl GpuJoinConfig {
+    /// The session's options, or the defaults when the extension is not registered.
+    pub fn from_config(options: &ConfigOptions) -> Self {
+        options
+            .extensions
+            .get::<GpuJoinConfig>()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limit_parses_sizes_and_percentages() {
+        assert_eq!("auto".parse::<MemoryLimit>().unwrap(), MemoryLimit::Auto);
+        assert_eq!(
+            "40G".parse::<MemoryLimit>().unwrap(),
+            MemoryLimit::Bytes(40 << 30)
+        );
+        assert_eq!(
+            "512mb".parse::<MemoryLimit>().unwrap(),
+            MemoryLimit::Bytes(512 << 20)
+        );
+        assert_eq!(
+            "1024".parse::<MemoryLimit>().unwrap(),
+            MemoryLimit::Bytes(1024)
+        );
+        assert_eq!(
+            "75%".parse::<MemoryLimit>().unwrap(),
+            MemoryLimit::Percent(75)
+        );
+        for bad in ["", "0", "-1G", "12X", "101%", "0%", "G"] {
+            assert!(
+                bad.parse::<MemoryLimit>().is_err(),
+                "{bad} should be rejected"
+            );
+        }
+        assert_eq!(MemoryLimit::Percent(50).resolve(1000, 100), 500);
+        assert_eq!(MemoryLimit::Bytes(5000).resolve(1000, 100), 1000);
+        assert_eq!(MemoryLimit::Auto.resolve(1000, 100), 80);
+    }
+
+    #[test]
+    fn enums_round_trip_and_reject_unknown_values() {
+        for v in BackendChoice::VALUES {
+            assert_eq!(v.parse::<BackendChoice>().unwrap().to_string(), *v);
+        }
+        for v in AlgorithmChoice::VALUES {
+            assert_eq!(v.parse::<AlgorithmChoice>().unwrap().to_string(), *v);
+        }
+        let err = "gpu".parse::<BackendChoice>().unwrap_err().to_string();
+        assert!(err.contains("auto, cuda, cpu"), "{err}");
+    }
+}

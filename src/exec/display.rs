@@ -1,0 +1,83 @@
+use std::fmt;
+
+use datafusion::common::NullEquality;
+use datafusion::physical_expr_common::physical_expr::fmt_sql;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
+
+use super::GpuJoinExec;
+
+impl GpuJoinExec {
+    fn projection_text(&self) -> Option<String> {
+        let projection = self.cpu_equivalent().projection.as_ref()?;
+        let schema = self.cpu_equivalent().join_schema();
+        Some(
+            projection
+                .iter()
+                .map(|&i| format!("{}@{i}", schema.field(i).name()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+}
+
+impl DisplayAs for GpuJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let strategy = self.strategy();
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                let on = self
+                    .on()
+                    .iter()
+                    .map(|(l, r)| format!("({l}, {r})"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                write!(
+                    f,
+                    "GpuJoinExec: backend={}, algorithm={}, mode={:?}, join_type={:?}, on=[{on}]",
+                    self.backend().name(),
+                    strategy.label(),
+                    self.partition_mode(),
+                    self.join_type(),
+                )?;
+                if let Some(filter) = self.filter() {
+                    write!(f, ", filter={}", filter.expression())?;
+                }
+                if let Some(projection) = self.projection_text() {
+                    write!(f, ", projection=[{projection}]")?;
+                }
+                if self.null_equality() == NullEquality::NullEqualsNull {
+                    write!(f, ", NullsEqual: true")?;
+                }
+                if let Some(fetch) = self.fetch() {
+                    write!(f, ", fetch={fetch}")?;
+                }
+                if self.cpu_equivalent().null_aware {
+                    write!(f, ", null_aware")?;
+                }
+                if self.preserves_probe_order() {
+                    write!(f, ", probe_order=kept")?;
+                }
+                if t == DisplayFormatType::Verbose {
+                    write!(f, ", replaces={}", self.replaces().name())?;
+                }
+                Ok(())
+            }
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "backend={}", self.backend().name())?;
+                writeln!(f, "algorithm={}", strategy.label())?;
+                writeln!(f, "join_type={:?}", self.join_type())?;
+                let on = self
+                    .on()
+                    .iter()
+                    .map(|(l, r)| format!("({} = {})", fmt_sql(l.as_ref()), fmt_sql(r.as_ref())))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                writeln!(f, "on={on}")?;
+                if let Some(filter) = self.filter() {
+                    writeln!(f, "filter={}", fmt_sql(filter.expression().as_ref()))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

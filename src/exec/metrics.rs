@@ -1,0 +1,51 @@
+//! What `EXPLAIN ANALYZE` shows for a GPU join, per output partition.
+
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
+};
+
+use crate::algorithms::PhaseTimers;
+use crate::backend::DeviceCounters;
+
+#[derive(Debug, Clone)]
+pub(crate) struct GpuJoinMetrics {
+    pub baseline: BaselineMetrics,
+    pub build_rows: Count,
+    pub probe_rows: Count,
+    /// Collecting the build side from its input, before the transform.
+    pub build_collect_time: Time,
+    pub phases: PhaseTimers,
+    pub bytes_to_device: Count,
+    pub bytes_from_device: Count,
+    pub peak_device_memory: Gauge,
+}
+
+impl GpuJoinMetrics {
+    pub fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let time = |name: &'static str| MetricBuilder::new(metrics).subset_time(name, partition);
+        let count = |name: &'static str| MetricBuilder::new(metrics).counter(name, partition);
+        Self {
+            baseline: BaselineMetrics::new(metrics, partition),
+            build_rows: count("build_rows"),
+            probe_rows: count("probe_rows"),
+            build_collect_time: time("build_collect_time"),
+            phases: PhaseTimers {
+                transform: time("transform_time"),
+                matching: time("match_time"),
+                materialize: time("materialize_time"),
+            },
+            bytes_to_device: count("bytes_to_device"),
+            bytes_from_device: count("bytes_from_device"),
+            peak_device_memory: MetricBuilder::new(metrics).gauge("peak_device_memory", partition),
+        }
+    }
+
+    /// Adds what the backend counted while serving this partition.
+    pub fn record_device(&self, counters: &DeviceCounters) {
+        self.bytes_to_device
+            .add(counters.bytes_to_device() as usize);
+        self.bytes_from_device
+            .add(counters.bytes_from_device() as usize);
+        self.peak_device_memory.set_max(counters.peak() as usize);
+    }
+}

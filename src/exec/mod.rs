@@ -1,0 +1,319 @@
+//! `GpuJoinExec`: the operator that replaces DataFusion's hash and sort-merge
+//! joins.
+//!
+//! It keeps an equivalent `HashJoinExec` (its "twin") over the same children.
+//! The twin defines what the operator promises to the rest of the plan
+//! (schema, partitioning, equivalences, distribution requirements,
+//! statistics), so those promises are exactly DataFusion's.
+
+mod display;
+mod metrics;
+mod runner;
+mod stream;
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{JoinType, NullEquality, internal_err};
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::joins::utils::{JoinFilter, JoinOn, build_join_schema};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements, PlanProperties,
+    SendableRecordBatchStream, Statistics, apply_expression_roots,
+};
+
+use crate::algorithms::{JoinDefinition, Strategy};
+use crate::backend::BackendHandle;
+use crate::config::GpuJoinConfig;
+use metrics::GpuJoinMetrics;
+use runner::{JoinRunner, PartitionInputs, runner_for};
+
+/// The DataFusion operator a `GpuJoinExec` took the place of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplacedOperator {
+    HashJoin,
+    SortMergeJoin,
+}
+
+impl ReplacedOperator {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReplacedOperator::HashJoin => "HashJoinExec",
+            ReplacedOperator::SortMergeJoin => "SortMergeJoinExec",
+        }
+    }
+}
+
+/// An equi-join executed by a GPU join backend.
+#[derive(Debug)]
+pub struct GpuJoinExec {
+    twin: Arc<HashJoinExec>,
+    definition: Arc<JoinDefinition>,
+    backend: BackendHandle,
+    replaces: ReplacedOperator,
+    runner: Arc<dyn JoinRunner>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuJoinExec {
+    /// A GPU join computing exactly what `join` computes.
+    pub fn try_new(
+        join: &HashJoinExec,
+        backend: BackendHandle,
+        options: &GpuJoinConfig,
+        replaces: ReplacedOperator,
+    ) -> Result<Self> {
+        if *join.partition_mode() == PartitionMode::Auto {
+            return internal_err!("GpuJoinExec needs a join whose partition mode is decided");
+        }
+        let twin = Arc::new(join.builder().reset_state().build()?);
+        let definition = Arc::new(Self::definition(&twin, options)?);
+        let runner = runner_for(
+            &backend,
+            Arc::clone(&definition),
+            twin.right().output_partitioning().partition_count(),
+        );
+        Ok(Self {
+            twin,
+            definition,
+            backend,
+            replaces,
+            runner,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn definition(twin: &HashJoinExec, options: &GpuJoinConfig) -> Result<JoinDefinition> {
+        let (_, column_indices) = build_join_schema(
+            &twin.left().schema(),
+            &twin.right().schema(),
+            twin.join_type(),
+        );
+        let column_indices = match &twin.projection {
+            Some(projection) => projection
+                .iter()
+                .map(|&i| column_indices[i].clone())
+                .collect(),
+            None => column_indices,
+        };
+        Ok(JoinDefinition {
+            join_type: *twin.join_type(),
+            build_keys: twin.on().iter().map(|(l, _)| Arc::clone(l)).collect(),
+            probe_keys: twin.on().iter().map(|(_, r)| Arc::clone(r)).collect(),
+            null_equality: twin.null_equality(),
+            null_aware: twin.null_aware,
+            filter: twin.filter().cloned(),
+            output_schema: twin.schema(),
+            output_columns: JoinDefinition::output_columns_from(&column_indices),
+            preserve_probe_order: ExecutionPlan::maintains_input_order(twin)[1]
+                && twin.right().output_ordering().is_some(),
+            algorithm: options.algorithm,
+            materialization: options.materialization,
+        })
+    }
+
+    fn with_twin(&self, twin: HashJoinExec) -> Self {
+        let twin = Arc::new(twin);
+        let definition = Arc::new(JoinDefinition {
+            output_schema: twin.schema(),
+            preserve_probe_order: ExecutionPlan::maintains_input_order(twin.as_ref())[1]
+                && twin.right().output_ordering().is_some(),
+            ..self.definition.as_ref().clone()
+        });
+        let runner = runner_for(
+            &self.backend,
+            Arc::clone(&definition),
+            twin.right().output_partitioning().partition_count(),
+        );
+        Self {
+            twin,
+            definition,
+            backend: self.backend.clone(),
+            replaces: self.replaces,
+            runner,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
+        self.twin.left()
+    }
+
+    pub fn right(&self) -> &Arc<dyn ExecutionPlan> {
+        self.twin.right()
+    }
+
+    pub fn on(&self) -> &JoinOn {
+        &self.twin.on
+    }
+
+    pub fn filter(&self) -> Option<&JoinFilter> {
+        self.twin.filter()
+    }
+
+    pub fn join_type(&self) -> JoinType {
+        self.definition.join_type
+    }
+
+    pub fn partition_mode(&self) -> PartitionMode {
+        *self.twin.partition_mode()
+    }
+
+    pub fn null_equality(&self) -> NullEquality {
+        self.definition.null_equality
+    }
+
+    pub fn backend(&self) -> &BackendHandle {
+        &self.backend
+    }
+
+    pub fn replaces(&self) -> ReplacedOperator {
+        self.replaces
+    }
+
+    /// The equivalent DataFusion join, over the same children.
+    pub fn cpu_equivalent(&self) -> &Arc<HashJoinExec> {
+        &self.twin
+    }
+
+    /// The algorithm and materialization planned for this join.
+    pub fn strategy(&self) -> Strategy {
+        Strategy::choose(self.backend.preferred_gather_space(), &self.definition)
+    }
+
+    pub fn preserves_probe_order(&self) -> bool {
+        self.definition.preserve_probe_order
+    }
+}
+
+impl ExecutionPlan for GpuJoinExec {
+    fn name(&self) -> &'static str {
+        "GpuJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.twin.properties()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.twin.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false, self.definition.preserve_probe_order]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.twin.left(), self.twin.right()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let keys = self
+            .twin
+            .on()
+            .iter()
+            .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]);
+        let filter = self.twin.filter().map(|f| Arc::clone(f.expression()));
+        apply_expression_roots(keys.chain(filter), f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let builder = self.twin.builder();
+        let builder = match options.children_properties {
+            ChildrenPropertiesMode::Keep => builder,
+            ChildrenPropertiesMode::Recompute => builder.recompute_properties(),
+        };
+        Ok(Arc::new(
+            self.with_twin(builder.with_new_children(children)?.build()?),
+        ))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(
+            self.with_twin(self.twin.builder().reset_state().build()?),
+        ))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let mode = self.partition_mode();
+        let (left_partitions, right_partitions) = (
+            self.left().output_partitioning().partition_count(),
+            self.right().output_partitioning().partition_count(),
+        );
+        if mode == PartitionMode::Partitioned && left_partitions != right_partitions {
+            return internal_err!(
+                "GpuJoinExec: {left_partitions} build partitions but {right_partitions} probe partitions"
+            );
+        }
+        if mode == PartitionMode::CollectLeft && left_partitions != 1 {
+            return internal_err!(
+                "GpuJoinExec: CollectLeft needs one build partition, got {left_partitions}"
+            );
+        }
+        Arc::clone(&self.runner).execute(PartitionInputs {
+            partition,
+            context,
+            left: Arc::clone(self.left()),
+            right: Arc::clone(self.right()),
+            mode,
+            fetch: self.twin.fetch(),
+            metrics: GpuJoinMetrics::new(&self.metrics, partition),
+        })
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.twin.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.twin.statistics_from_inputs(input_stats, args)
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.twin.fetch()
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        self.twin.supports_limit_pushdown()
+    }
+
+    fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        let twin = self.twin.builder().with_fetch(limit).build().ok()?;
+        Some(Arc::new(self.with_twin(twin)))
+    }
+}

@@ -1,0 +1,241 @@
+//! Normalised join keys.
+//!
+//! Every backend joins fixed-width unsigned keys. This module turns the key
+//! columns of a join (any count, any supported type) into one such key per
+//! row, in one of two ways:
+//!
+//! * **Packed** (exact): integer-like columns are offset by the build side's
+//!   minimum and bit-packed into 32 or 64 bits. Two rows match exactly when
+//!   their packed keys are equal, so no verification is needed. Probe values
+//!   outside the build side's range cannot match and are marked unmatchable.
+//! * **Hashed**: DataFusion's own `create_hashes` gives a 64-bit hash; pairs
+//!   whose hashes collide are verified against the real key values with
+//!   DataFusion's `JoinKeyComparator`, so results equal `HashJoinExec`'s.
+//!
+//! A row that can never match (a NULL key under `NullEqualsNothing`, or a value
+//! outside the build range) gets the reserved key [`NormalizedKey::UNMATCHABLE`].
+
+mod packed;
+
+use std::hash::Hash;
+
+use arrow::array::{Array, ArrayRef};
+use arrow::datatypes::DataType;
+use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::common::{NullEquality, internal_err};
+use datafusion::error::Result;
+use datafusion::physical_plan::joins::utils::JoinKeyComparator;
+
+use crate::backend::Element;
+use packed::PackedLayout;
+
+/// A fixed-width key as the join primitives see it.
+pub trait NormalizedKey: Element + Eq + Ord + Hash {
+    /// The key of a row that cannot match any other row.
+    const UNMATCHABLE: Self;
+    /// Width in bits.
+    const BITS: u32;
+    /// Widening conversion.
+    fn to_u64(self) -> u64;
+    /// Narrowing conversion; callers guarantee the value fits.
+    fn from_u64(value: u64) -> Self;
+}
+
+impl NormalizedKey for u32 {
+    const UNMATCHABLE: Self = u32::MAX;
+    const BITS: u32 = 32;
+    fn to_u64(self) -> u64 {
+        u64::from(self)
+    }
+    fn from_u64(value: u64) -> Self {
+        value as u32
+    }
+}
+
+impl NormalizedKey for u64 {
+    const UNMATCHABLE: Self = u64::MAX;
+    const BITS: u32 = 64;
+    fn to_u64(self) -> u64 {
+        self
+    }
+    fn from_u64(value: u64) -> Self {
+        value
+    }
+}
+
+/// One normalised key per row, in the narrowest width the encoding allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NormalizedKeys {
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+}
+
+impl NormalizedKeys {
+    pub fn len(&self) -> usize {
+        match self {
+            NormalizedKeys::U32(k) => k.len(),
+            NormalizedKeys::U64(k) => k.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether matching normalised keys are equal keys, or only candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyExactness {
+    /// Equal normalised keys mean equal join keys.
+    Exact,
+    /// Equal normalised keys must be verified against the key values.
+    NeedsVerification,
+}
+
+/// How the key columns of one join become normalised keys. Built from the
+/// build side once and applied to every probe chunk, so both sides agree.
+#[derive(Debug, Clone)]
+pub struct KeyEncoder {
+    scheme: Scheme,
+    null_equality: NullEquality,
+}
+
+#[derive(Debug, Clone)]
+enum Scheme {
+    Packed(PackedLayout),
+    Hashed,
+}
+
+/// DataFusion's hash seed is irrelevant here (hashes never leave a join), but
+/// it must be fixed so that the build side and every probe chunk agree.
+const HASH_STATE: RandomState = RandomState::with_seed(0x6a6f_696e);
+
+impl KeyEncoder {
+    /// Chooses the encoding for a join from its build-side key columns.
+    pub fn for_build_side(build_keys: &[ArrayRef], null_equality: NullEquality) -> Result<Self> {
+        if build_keys.is_empty() {
+            return internal_err!("a join needs at least one key column");
+        }
+        let scheme = match PackedLayout::try_new(build_keys, null_equality)? {
+            Some(layout) => Scheme::Packed(layout),
+            None => Scheme::Hashed,
+        };
+        Ok(Self {
+            scheme,
+            null_equality,
+        })
+    }
+
+    pub fn exactness(&self) -> KeyExactness {
+        match self.scheme {
+            Scheme::Packed(_) => KeyExactness::Exact,
+            Scheme::Hashed => KeyExactness::NeedsVerification,
+        }
+    }
+
+    /// Key width in bits (32 or 64).
+    pub fn key_bits(&self) -> u32 {
+        match &self.scheme {
+            Scheme::Packed(layout) if layout.fits_u32() => 32,
+            _ => 64,
+        }
+    }
+
+    /// Short description for EXPLAIN ANALYZE and logs, e.g. `packed 27 bits`.
+    pub fn describe(&self) -> String {
+        match &self.scheme {
+            Scheme::Packed(layout) => format!("packed {} bits", layout.total_bits()),
+            Scheme::Hashed => "hashed 64 bits, verified".to_string(),
+        }
+    }
+
+    /// Encodes the key columns of one side (build or probe).
+    pub fn encode(&self, keys: &[ArrayRef]) -> Result<NormalizedKeys> {
+        let rows = keys.first().map_or(0, |k| k.len());
+        match &self.scheme {
+            Scheme::Packed(layout) => layout.encode(keys, rows, self.null_equality),
+            Scheme::Hashed => {
+                let mut hashes = vec![0u64; rows];
+                create_hashes(keys, &HASH_STATE, &mut hashes)?;
+                for h in hashes.iter_mut() {
+                    // The reserved key must stay unreachable; the collision
+                    // this creates is resolved by verification.
+                    if *h == u64::UNMATCHABLE {
+                        *h = u64::UNMATCHABLE - 1;
+                    }
+                }
+                if self.null_equality == NullEquality::NullEqualsNothing {
+                    for key in keys {
+                        if let Some(nulls) = key.logical_nulls() {
+                            for row in nulls.iter().enumerate().filter(|(_, v)| !v).map(|(i, _)| i)
+                            {
+                                hashes[row] = u64::UNMATCHABLE;
+                            }
+                        }
+                    }
+                }
+                Ok(NormalizedKeys::U64(hashes))
+            }
+        }
+    }
+}
+
+/// Checks candidate pairs against the real key values; `keep[i]` is set to
+/// false where pair `i` only collided on its hash.
+pub fn verify_candidates(
+    build_keys: &[ArrayRef],
+    probe_keys: &[ArrayRef],
+    build_rows: &[u32],
+    probe_rows: &[u32],
+    null_equality: NullEquality,
+    keep: &mut [bool],
+) -> Result<()> {
+    let options = vec![Default::default(); build_keys.len()];
+    let comparator = JoinKeyComparator::new(build_keys, probe_keys, &options, null_equality)?;
+    for ((b, p), k) in build_rows.iter().zip(probe_rows).zip(keep.iter_mut()) {
+        *k = *k && comparator.is_equal(*b as usize, *p as usize);
+    }
+    Ok(())
+}
+
+/// Key types the GPU join accepts. Integer-like types may be packed; the rest
+/// are hashed with DataFusion's hash and verified with its comparator.
+pub fn is_supported_key_type(data_type: &DataType) -> bool {
+    use DataType::*;
+    match data_type {
+        Int8
+        | Int16
+        | Int32
+        | Int64
+        | UInt8
+        | UInt16
+        | UInt32
+        | UInt64
+        | Float16
+        | Float32
+        | Float64
+        | Boolean
+        | Date32
+        | Date64
+        | Time32(_)
+        | Time64(_)
+        | Timestamp(_, _)
+        | Duration(_)
+        | Decimal32(_, _)
+        | Decimal64(_, _)
+        | Decimal128(_, _)
+        | Decimal256(_, _)
+        | Utf8
+        | LargeUtf8
+        | Utf8View
+        | Binary
+        | LargeBinary
+        | BinaryView
+        | FixedSizeBinary(_) => true,
+        Dictionary(key, value) => key.is_dictionary_key_type() && is_supported_key_type(value),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+//! Exact bit-packing of integer-like key columns.
+//!
+//! Each column contributes `value - min` (plus one slot for NULL under
+//! `NullEqualsNull`) in just enough bits for the build side's range; columns
+//! are concatenated most significant first, so packed keys also sort in the
+//! lexicographic order of the original key columns.
+
+use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use arrow::compute::{max, min};
+use arrow::datatypes::*;
+use datafusion::common::{NullEquality, internal_err};
+use datafusion::error::Result;
+
+use super::NormalizedKeys;
+
+/// Widest packed key; one code above it stays free for the unmatchable key.
+const MAX_PACKED_BITS: u32 = 63;
+/// Packed keys of up to this many bits use 32-bit keys.
+const MAX_U32_BITS: u32 = 31;
+
+#[derive(Debug, Clone)]
+pub(super) struct PackedLayout {
+    columns: Vec<PackedColumn>,
+    total_bits: u32,
+}
+
+#[derive(Debug, Clone)]
+struct PackedColumn {
+    /// Build-side value range, `None` when the build side has no non-null value.
+    range: Option<(i128, i128)>,
+    /// Code 0 is NULL (only under `NullEqualsNull`).
+    null_slot: bool,
+    bits: u32,
+}
+
+trait ToI128: Copy {
+    fn to_i128(self) -> i128;
+}
+
+macro_rules! to_i128 {
+    ($($t:ty),*) => { $(impl ToI128 for $t { fn to_i128(self) -> i128 { self as i128 } })* };
+}
+to_i128!(i8, i16, i32, i64, i128, u8, u16, u32, u64);
+
+/// Runs `$body` with `$typed` bound to the column as a primitive array of an
+/// integer-like type, or evaluates `$other` for every other type.
+macro_rules! with_integer_array {
+    ($array:expr, $typed:ident => $body:expr, other => $other:expr) => {{
+        let array: &dyn Array = $array;
+        match array.data_type() {
+            DataType::Int8 => {
+                let $typed = array.as_primitive::<Int8Type>();
+                $body
+            }
+            DataType::Int16 => {
+                let $typed = array.as_primitive::<Int16Type>();
+                $body
+            }
+            DataType::Int32 => {
+                let $typed = array.as_primitive::<Int32Type>();
+                $body
+            }
+            DataType::Int64 => {
+                let $typed = array.as_primitive::<Int64Type>();
+                $body
+            }
+            DataType::UInt8 => {
+                let $typed = array.as_primitive::<UInt8Type>();
+                $body
+            }
+            DataType::UInt16 => {
+                let $typed = array.as_primitive::<UInt16Type>();
+                $body
+            }
+            DataType::UInt32 => {
+                let $typed = array.as_primitive::<UInt32Type>();
+                $body
+            }
+            DataType::UInt64 => {
+                let $typed = array.as_primitive::<UInt64Type>();
+                $body
+            }
+            DataType::Date32 => {
+                let $typed = array.as_primitive::<Date32Type>();
+                $body
+            }
+            DataType::Date64 => {
+                let $typed = array.as_primitive::<Date64Type>();
+                $body
+            }
+            DataType::Time32(TimeUnit::Second) => {
+                let $typed = array.as_primitive::<Time32SecondType>();
+                $body
+            }
+            DataType::Time32(TimeUnit::Millisecond) => {
+                let $typed = array.as_primitive::<Time32MillisecondType>();
+                $body
+            }
+            DataType::Time64(TimeUnit::Microsecond) => {
+                let $typed = array.as_primitive::<Time64MicrosecondType>();
+                $body
+            }
+            DataType::Time64(TimeUnit::Nanosecond) => {
+                let $typed = array.as_primitive::<Time64NanosecondType>();
+                $body
+            }
+            DataType::Timestamp(TimeUnit::Second, _) => {
+                let $typed = array.as_primitive::<TimestampSecondType>();
+                $body
+            }
+            DataType::Timestamp(TimeUnit::Millisecond, _) => {
+                let $typed = array.as_primitive::<TimestampMillisecondType>();
+                $body
+            }
+            DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                let $typed = array.as_primitive::<TimestampMicrosecondType>();
+                $body
+            }
+            DataType::Timestamp(TimeUnit::Nanosecond, _) => {
+                let $typed = array.as_primitive::<TimestampNanosecondType>();
+                $body
+            }
+            DataType::Duration(TimeUnit::Second) => {
+                let $typed = array.as_primitive::<DurationSecondType>();
+                $body
+            }
+            DataType::Duration(TimeUnit::Millisecond) => {
+                let $typed = array.as_primitive::<DurationMillisecondType>();
+                $body
+            }
+            DataType::Duration(TimeUnit::Microsecond) => {
+                let $typed = array.as_primitive::<DurationMicrosecondType>();
+                $body
+            }
+            DataType::Duration(TimeUnit::Nanosecond) => {
+                let $typed = array.as_primitive::<DurationNanosecondType>();
+                $body
+            }
+            DataType::Decimal32(_, _) => {
+                let $typed = array.as_primitive::<Decimal32Type>();
+                $body
+            }
+            DataType::Decimal64(_, _) => {
+                let $typed = array.as_primitive::<Decimal64Type>();
+                $body
+            }
+            DataType::Decimal128(_, _) => {
+                let $typed = array.as_primitive::<Decimal128Type>();
+                $body
+            }
+            _ => $other,
+        }
+    }};
+}
+
+fn value_range<T>(array: &PrimitiveArray<T>) -> Option<(i128, i128)>
+where
+    T: ArrowPrimitiveType,
+    T::Native: ToI128,
+{
+    Some((min(array)?.to_i128(), max(array)?.to_i128()))
+}
+
+/// Bits needed to store codes `0..count`.
+fn bits_for(count: u128) -> u32 {
+    if count <= 1 {
+        0
+    } else {
+        128 - (count - 1).leading_zeros()
+    }
+}
+
+impl PackedLayout {
+    /// A layout for these build-side key columns, or `None` when a column is
+    /// not integer-like or the ranges do not fit in 63 bits.
+    pub(super) fn try_new(
+        build_keys: &[ArrayRef],
+        null_equality: NullEquality,
+    ) -> Result<Option<Self>> {
+        let null_slot = null_equality == NullEquality::NullEqualsNull;
+        let mut columns = Vec::with_capacity(build_keys.len());
+        for key in build_keys {
+            let range = match key.data_type() {
+                DataType::Boolean => Some((0, 1)),
+                _ => {
+                    with_integer_array!(key.as_ref(), typed => value_range(typed), other => return Ok(None))
+                }
+            };
+            let codes = match range {
+                Some((lo, hi)) => match hi.checked_sub(lo) {
+                    Some(span) => span as u128 + 1 + u128::from(null_slot),
+                    None => return Ok(None),
+                },
+                None => u128::from(null_slot),
+            };
+            let bits = bits_for(codes);
+            if bits > MAX_PACKED_BITS {
+                return Ok(None);
+            }
+            columns.push(PackedColumn {
+                range,
+                null_slot,
+                bits,
+            });
+        }
+        let total_bits: u32 = columns.iter().map(|c| c.bits).sum();
+        Ok((total_bits <= MAX_PACKED_BITS).then_some(Self {
+            columns,
+            total_bits,
+        }))
+    }
+
+    pub(super) fn total_bits(&self) -> u32 {
+        self.total_bits
+    }
+
+    pub(super) fn fits_u32(&self) -> bool {
+        self.total_bits <= MAX_U32_BITS
+    }
+
+    pub(super) fn encode(
+        &self,
+        keys: &[ArrayRef],
+        rows: usize,
+        null_equality: NullEquality,
+    ) -> Result<NormalizedKeys> {
+        debug_assert_eq!(
+            null_equality == NullEquality::NullEqualsNull,
+            self.columns.iter().all(|c| c.null_slot)
+        );
+        let mut codes = vec![0u64; rows];
+        for (column, key) in self.columns.iter().zip(keys) {
+            if key.data_type() == &DataType::Boolean {
+                let typed = key.as_boolean();
+                column.append(&mut codes, |row| {
+                    typed.is_valid(row).then(|| i128::from(typed.value(row)))
+                });
+            } else {
+                with_integer_array!(
+                    key.as_ref(),
+                    typed => column.append(&mut codes, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
+                    other => return internal_err!("packed key layout got a {} column", key.data_type())
+                );
+            }
+        }
+        Ok(if self.fits_u32() {
+            NormalizedKeys::U32(
+                codes
+                    .into_iter()
+                    .map(|c| if c == u64::MAX { u32::MAX } else { c as u32 })
+                    .collect(),
+            )
+        } else {
+            NormalizedKeys::U64(codes)
+        })
+    }
+}
+
+impl PackedColumn {
+    /// Shifts this column's code into every row's key; rows that cannot
+    /// match become `u64::MAX` and stay so.
+    fn append(&self, codes: &mut [u64], value: impl Fn(usize) -> Option<i128>) {
+        for (row, code) in codes.iter_mut().enumerate() {
+            if *code == u64::MAX {
+                continue;
+            }
+            let column_code = match (value(row), self.range) {
+                (None, _) if self.null_slot => Some(0),
+                (Some(v), Some((lo, hi))) if (lo..=hi).contains(&v) => {
+                    Some((v - lo) as u64 + u64::from(self.null_slot))
+                }
+                _ => None,
+            };
+            *code = match column_code {
+                Some(c) => (*code << self.bits) | c,
+                None => u64::MAX,
+            };
+        }
+    }
+}

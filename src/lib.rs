@@ -1,0 +1,36 @@
+//! Apache DataFusion joins on NVIDIA GPUs.
+//!
+//! One call turns it on for a session:
+//!
+//! ```
+//! use datafusion::execution::SessionStateBuilder;
+//! use datafusion::prelude::SessionContext;
+//! use datafusion_gpu_join::SessionStateBuilderExt;
+//!
+//! let state = SessionStateBuilder::new().with_default_features().with_gpu_join().build();
+//! let ctx = SessionContext::new_with_state(state);
+//! ```
+//!
+//! From then on an optimizer rule replaces `HashJoinExec` and
+//! `SortMergeJoinExec` with [`GpuJoinExec`] wherever a GPU join backend can
+//! run them; other joins keep DataFusion's operator, and
+//! [`plan_decisions`] says why. The layers, from the top:
+//!
+//! * [`rule`]: which joins move, and why the others do not;
+//! * [`exec`]: the operator, streaming batches through a backend;
+//! * [`algorithms`]: the partitioned hash and sort-merge joins, written once;
+//! * [`backend`]: the join primitives, on the CPU (the reference) or CUDA;
+//! * [`keys`]: join keys normalised to fixed-width integers.
+
+pub mod algorithms;
+pub mod backend;
+pub mod config;
+pub mod exec;
+pub mod keys;
+pub mod rule;
+mod session;
+
+pub use config::GpuJoinConfig;
+pub use exec::GpuJoinExec;
+pub use rule::{GpuJoinRule, JoinDecision, NotOnGpu, Placement, plan_decisions};
+pub use session::{GpuJoinContextExt, SessionStateBuilderExt, register};

@@ -1,0 +1,86 @@
+//! Turning the GPU join on for a DataFusion session.
+
+use std::sync::Arc;
+
+use datafusion::error::Result;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::config::GpuJoinConfig;
+use crate::rule::{GpuJoinRule, JoinDecision, plan_decisions};
+
+/// The rule goes right before this one, which plants hash joins' dynamic
+/// filters: joins must be replaced first so that no filter is left unfed.
+const INSERT_BEFORE: &str = "FilterPushdown(Post)";
+
+/// Adds the GPU join to a session being built: the optimizer rule, placed
+/// before `FilterPushdown(Post)`, and the `gpu_join.*` options. Registering
+/// twice changes nothing.
+///
+/// ```
+/// use datafusion::execution::SessionStateBuilder;
+/// use datafusion::prelude::SessionContext;
+///
+/// let state = datafusion_gpu_join::register(SessionStateBuilder::new().with_default_features()).build();
+/// let ctx = SessionContext::new_with_state(state);
+/// ```
+pub fn register(mut builder: SessionStateBuilder) -> SessionStateBuilder {
+    let config = builder.config().get_or_insert_with(SessionConfig::new);
+    if config.options().extensions.get::<GpuJoinConfig>().is_none() {
+        config
+            .options_mut()
+            .extensions
+            .insert(GpuJoinConfig::default());
+    }
+    let optimizer = builder
+        .physical_optimizers()
+        .get_or_insert_with(PhysicalOptimizer::new);
+    if !optimizer
+        .rules
+        .iter()
+        .any(|rule| rule.name() == GpuJoinRule::NAME)
+    {
+        let position = optimizer
+            .rules
+            .iter()
+            .rposition(|rule| rule.name() == INSERT_BEFORE)
+            .or_else(|| {
+                optimizer
+                    .rules
+                    .iter()
+                    .rposition(|rule| rule.name() == "SanityCheckPlan")
+            })
+            .unwrap_or(optimizer.rules.len());
+        optimizer.rules.insert(position, Arc::new(GpuJoinRule));
+    }
+    builder
+}
+
+/// `builder.with_gpu_join()`, the same as [`register`].
+pub trait SessionStateBuilderExt {
+    fn with_gpu_join(self) -> Self;
+}
+
+impl SessionStateBuilderExt for SessionStateBuilder {
+    fn with_gpu_join(self) -> Self {
+        register(self)
+    }
+}
+
+/// Where the joins of a query run, without running it.
+pub trait GpuJoinContextExt {
+    /// Plans `sql` and lists each join: replaced by `GpuJoinExec`, or kept on
+    /// DataFusion's operator with the reason.
+    fn gpu_join_decisions(
+        &self,
+        sql: &str,
+    ) -> impl Future<Output = Result<Vec<JoinDecision>>> + Send;
+}
+
+impl GpuJoinContextExt for SessionContext {
+    async fn gpu_join_decisions(&self, sql: &str) -> Result<Vec<JoinDecision>> {
+        let plan = self.sql(sql).await?.create_physical_plan().await?;
+        plan_decisions(&plan, self.state().config().options())
+    }
+}
