@@ -29,6 +29,7 @@ pub mod exec;
 pub mod keys;
 pub mod rule;
 mod session;
+pub mod tpch;
 
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;

@@ -1,1 +1,11 @@
+//! The integration tests, in one binary.
+//!
+//! `GPU_JOIN_TEST_BACKEND=cuda` runs every suite on the CUDA backend (on a
+//! GPU machine); the default is the CPU reference backend.
 
+mod common;
+
+mod fuzz;
+mod plans;
+mod sqllogic;
+mod tpch;

@@ -25,6 +25,9 @@ pub(crate) fn output_batch<B: JoinBackend>(
     probe: Option<&SideView<'_, B>>,
 ) -> Result<RecordBatch> {
     let schema = &definition.output_schema;
+    if rows.len == 0 {
+        return Ok(RecordBatch::new_empty(Arc::clone(schema)));
+    }
     let mut build_gather = SideGather::new(build, &rows.build);
     let mut probe_gather = probe.map(|view| SideGather::new(view, &rows.probe));
     let columns = definition

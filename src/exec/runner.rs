@@ -139,6 +139,7 @@ impl<B: JoinBackend> Runner<B> {
             Arc::clone(&self.definition),
             inputs.metrics.phases.clone(),
         );
+        let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let side = run_blocking("preparing the build side", move || {
             prepare_build_side(&backend, &definition, batch, &timers)
         })

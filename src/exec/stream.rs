@@ -9,6 +9,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
+use datafusion::physical_plan::metrics::RecordOutput;
 use futures::StreamExt;
 use tokio::sync::mpsc::Sender;
 
@@ -92,6 +93,7 @@ async fn join_partition<B: JoinBackend>(
             inputs.metrics.phases.clone(),
         );
         let build = Arc::clone(&build);
+        let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let rows = run_blocking("emitting build-side rows", move || {
             finish_build_side(&backend, &definition, &build.side, &timers)
         })
@@ -116,6 +118,7 @@ async fn join_chunk<B: JoinBackend>(
         inputs.metrics.phases.clone(),
     );
     let build = Arc::clone(build);
+    let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     run_blocking("joining a probe chunk", move || {
         join_probe_chunk(&backend, &definition, &build.side, chunk, &timers)
     })
@@ -203,9 +206,8 @@ impl<'a> OutputSender<'a> {
             if len == 0 {
                 break;
             }
-            let slice = batch.slice(offset, len);
+            let slice = batch.slice(offset, len).record_output(&self.inputs.metrics.baseline);
             offset += len;
-            self.inputs.metrics.baseline.record_output(slice.num_rows());
             if let Some(remaining) = self.remaining.as_mut() {
                 *remaining -= len;
             }

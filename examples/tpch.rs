@@ -1,0 +1,180 @@
+//! TPC-H through a DataFusion session with the GPU join.
+//!
+//! Generates the tables in memory, runs the 22 queries and prints, per query,
+//! the time, the rows and where each join ran.
+//!
+//! ```text
+//! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
+//!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N]
+//!     [--validate] [--compare]
+//! ```
+//!
+//! `--backend auto` (the default) uses CUDA when a device is usable and the
+//! CPU reference backend otherwise. `--validate` checks every result against
+//! the official answers (scale factor 1 only); `--compare` also runs each
+//! query on DataFusion alone and checks that the rows are the same.
+
+use std::time::{Duration, Instant};
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend, tpch};
+
+struct Args {
+    scale_factor: f64,
+    backend: BackendChoice,
+    queries: Vec<usize>,
+    iterations: usize,
+    partitions: usize,
+    min_rows: Option<usize>,
+    validate: bool,
+    compare: bool,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        scale_factor: 1.0,
+        backend: BackendChoice::Auto,
+        queries: (1..=22).collect(),
+        iterations: 1,
+        partitions: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        min_rows: None,
+        validate: false,
+        compare: false,
+    };
+    let mut it = std::env::args().skip(1);
+    let bad = |what: &str| DataFusionError::Configuration(format!("bad value for {what}; see the usage at the top of examples/tpch.rs"));
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or_else(|| bad(&arg));
+        match arg.as_str() {
+            "--sf" => args.scale_factor = value()?.parse().map_err(|_| bad("--sf"))?,
+            "--backend" => args.backend = value()?.parse()?,
+            "--queries" => {
+                args.queries = value()?.split(',').map(|q| q.trim().parse().map_err(|_| bad("--queries"))).collect::<Result<_>>()?
+            }
+            "--iterations" => args.iterations = value()?.parse().map_err(|_| bad("--iterations"))?,
+            "--partitions" => args.partitions = value()?.parse().map_err(|_| bad("--partitions"))?,
+            "--min-rows" => args.min_rows = Some(value()?.parse().map_err(|_| bad("--min-rows"))?),
+            "--validate" => args.validate = true,
+            "--compare" => args.compare = true,
+            other => return Err(bad(other)),
+        }
+    }
+    Ok(args)
+}
+
+fn session(args: &Args, gpu: bool) -> SessionContext {
+    let mut options = GpuJoinConfig::default();
+    options.enabled = gpu;
+    options.backend = args.backend;
+    if let Some(min_rows) = args.min_rows {
+        options.min_rows = min_rows;
+    }
+    let config = SessionConfig::new().with_target_partitions(args.partitions).with_option_extension(options);
+    let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
+    SessionContext::new_with_state(state)
+}
+
+/// Median time of `iterations` runs after one warm-up run.
+async fn timed(ctx: &SessionContext, query: usize, args: &Args) -> Result<(Duration, Vec<datafusion::arrow::array::RecordBatch>)> {
+    let mut batches = tpch::run_query(ctx, query, args.scale_factor).await?;
+    let mut times = vec![];
+    for _ in 0..args.iterations {
+        let start = Instant::now();
+        batches = tpch::run_query(ctx, query, args.scale_factor).await?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    Ok((times[times.len() / 2], batches))
+}
+
+async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<String> {
+    let mut on_gpu = vec![];
+    let mut on_cpu = vec![];
+    for statement in tpch::statements(query, scale_factor)? {
+        if !statement.to_ascii_lowercase().starts_with("select") {
+            // Q15's view must exist while its query is planned.
+            ctx.sql(&statement).await?.collect().await?;
+            continue;
+        }
+        for decision in ctx.gpu_join_decisions(&statement).await? {
+            match decision.placement {
+                Placement::Gpu { backend, algorithm } => on_gpu.push(format!("{:?} {backend} {algorithm}", decision.join_type)),
+                Placement::NotOnGpu(reason) => on_cpu.push(format!("{:?}: {reason}", decision.join_type)),
+            }
+        }
+    }
+    Ok(format!(
+        "{} joins on GPU join [{}], {} on DataFusion [{}]",
+        on_gpu.len(),
+        on_gpu.join("; "),
+        on_cpu.len(),
+        on_cpu.join("; ")
+    ))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = parse_args()?;
+    if args.backend == BackendChoice::Auto {
+        if let Err(why) = backend::cuda_backend(&GpuJoinConfig::default()) {
+            println!("no usable CUDA device ({why}); running on the CPU reference backend");
+            args.backend = BackendChoice::Cpu;
+        }
+    }
+    if args.validate && args.scale_factor != 1.0 {
+        return Err(DataFusionError::Configuration("--validate needs --sf 1: the official answers are for scale factor 1".into()));
+    }
+    let start = Instant::now();
+    let gpu = session(&args, true);
+    tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
+    let cpu = session(&args, false);
+    if args.compare {
+        tpch::register_tables(&cpu, args.scale_factor, args.partitions)?;
+    }
+    println!(
+        "TPC-H SF {} generated in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up",
+        args.scale_factor,
+        start.elapsed().as_secs_f64(),
+        args.backend,
+        args.partitions,
+        args.iterations
+    );
+    let mut failures = vec![];
+    for &query in &args.queries {
+        let (time, batches) = timed(&gpu, query, &args).await?;
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
+        if args.compare {
+            let (cpu_time, cpu_batches) = timed(&cpu, query, &args).await?;
+            let same = sorted(&batches)? == sorted(&cpu_batches)?;
+            line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu_time.as_secs_f64() * 1e3));
+            if !same {
+                failures.push(format!("Q{query}: rows differ from DataFusion's"));
+            }
+        }
+        if args.validate {
+            match tpch::check_official_answer(query, &batches)? {
+                Ok(()) => line.push_str(" | official answer: ok"),
+                Err(why) => {
+                    line.push_str(" | official answer: MISMATCH");
+                    failures.push(why);
+                }
+            }
+        }
+        println!("{line}\n      {}", placements(&gpu, query, args.scale_factor).await?);
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(DataFusionError::Execution(format!("{} checks failed:\n{}", failures.len(), failures.join("\n"))))
+    }
+}
+
+fn sorted(batches: &[datafusion::arrow::array::RecordBatch]) -> Result<Vec<Vec<String>>> {
+    let mut rows = tpch::result_cells(batches)?;
+    rows.sort();
+    Ok(rows)
+}

@@ -1,0 +1,80 @@
+//! Helpers shared by the suites.
+
+use arrow::array::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::backend::{BackendHandle, cuda_backend};
+use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::SessionStateBuilderExt;
+
+/// The backend the suites run on: `GPU_JOIN_TEST_BACKEND` (cpu or cuda).
+pub fn test_backend_choice() -> BackendChoice {
+    match std::env::var("GPU_JOIN_TEST_BACKEND") {
+        Ok(value) => value.parse().expect("GPU_JOIN_TEST_BACKEND must be cpu or cuda"),
+        Err(_) => BackendChoice::Cpu,
+    }
+}
+
+/// The session options the suites use: the test backend, every join on it.
+pub fn test_options() -> GpuJoinConfig {
+    let mut options = GpuJoinConfig::default();
+    options.backend = test_backend_choice();
+    options.min_rows = 0;
+    options
+}
+
+/// The backend handle for plans built by hand.
+pub fn test_backend() -> BackendHandle {
+    let options = test_options();
+    match options.backend {
+        BackendChoice::Cuda => cuda_backend(&options).expect("the CUDA backend must be usable"),
+        _ => BackendHandle::Cpu,
+    }
+}
+
+/// A session with the GPU join on, running every join on the test backend.
+pub fn gpu_context(config: SessionConfig) -> SessionContext {
+    let config = config.with_option_extension(test_options());
+    let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
+    SessionContext::new_with_state(state)
+}
+
+/// A plain DataFusion session: the reference.
+pub fn datafusion_context(config: SessionConfig) -> SessionContext {
+    SessionContext::new_with_state(SessionStateBuilder::new().with_default_features().with_config(config).build())
+}
+
+/// Every row as `a|b|c`, sorted: results compared as multisets.
+pub fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut rows = vec![];
+    for batch in batches {
+        let formatters: Vec<_> = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).expect("formattable column"))
+            .collect();
+        for row in 0..batch.num_rows() {
+            rows.push(formatters.iter().map(|f| f.value(row).to_string()).collect::<Vec<_>>().join("|"));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// Runs a query and returns its batches.
+pub async fn run(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+    ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+pub fn total_rows(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::num_rows).sum()
+}
+
+/// The physical plan of a query, as EXPLAIN shows it.
+pub async fn physical_plan_text(ctx: &SessionContext, sql: &str) -> String {
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string()
+}
+

@@ -1,0 +1,370 @@
+//! Differential fuzz: `GpuJoinExec` against `HashJoinExec` on the same
+//! random inputs, for every join type, with and without a filter.
+//!
+//! `GPU_JOIN_FUZZ_CASES` sets the number of cases (default 2000) and
+//! `GPU_JOIN_FUZZ_SEED` the first seed (default: from the clock). A failing
+//! case prints the seed that reproduces it alone.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float64Array, Int16Array,
+    Int32Array, Int64Array, ListArray, RecordBatch, StringArray, StringViewArray, UInt8Array,
+};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
+use datafusion::common::{JoinSide, JoinType, NullEquality};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, lit};
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning, collect};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::GpuJoinExec;
+use datafusion_gpu_join::config::{AlgorithmChoice, MaterializationChoice};
+use datafusion_gpu_join::exec::ReplacedOperator;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::common::{sorted_rows, test_backend, test_options};
+
+const JOIN_TYPES: [JoinType; 10] = [
+    JoinType::Inner,
+    JoinType::Left,
+    JoinType::Right,
+    JoinType::Full,
+    JoinType::LeftSemi,
+    JoinType::RightSemi,
+    JoinType::LeftAnti,
+    JoinType::RightAnti,
+    JoinType::LeftMark,
+    JoinType::RightMark,
+];
+
+/// The key types exercised, each mapping a logical key to a column value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyKind {
+    /// Packed into 32-bit keys.
+    Int32,
+    UInt8,
+    Date32,
+    Boolean,
+    Decimal128,
+    /// Spread over more than 31 bits: packed into 64-bit keys.
+    WideInt64,
+    /// Spread over the whole i64 range: hashed and verified.
+    HashedInt64,
+    Utf8,
+    Utf8View,
+    Dictionary,
+    Float64,
+    /// Two packed columns.
+    Int16AndInt32,
+    /// A packed and a hashed column: hashed and verified.
+    Int32AndUtf8,
+}
+
+const KEY_KINDS: [KeyKind; 13] = [
+    KeyKind::Int32,
+    KeyKind::UInt8,
+    KeyKind::Date32,
+    KeyKind::Boolean,
+    KeyKind::Decimal128,
+    KeyKind::WideInt64,
+    KeyKind::HashedInt64,
+    KeyKind::Utf8,
+    KeyKind::Utf8View,
+    KeyKind::Dictionary,
+    KeyKind::Float64,
+    KeyKind::Int16AndInt32,
+    KeyKind::Int32AndUtf8,
+];
+
+impl KeyKind {
+    fn key_columns(&self, keys: &[Option<i64>]) -> Vec<(DataType, ArrayRef)> {
+        match self {
+            KeyKind::Int32 => vec![(DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| v as i32 - 50)).collect::<Int32Array>()))],
+            KeyKind::UInt8 => vec![(DataType::UInt8, Arc::new(keys.iter().map(|k| k.map(|v| (v % 256) as u8)).collect::<UInt8Array>()))],
+            KeyKind::Date32 => vec![(DataType::Date32, Arc::new(keys.iter().map(|k| k.map(|v| 19000 + v as i32)).collect::<Date32Array>()))],
+            KeyKind::Boolean => vec![(DataType::Boolean, Arc::new(keys.iter().map(|k| k.map(|v| v % 2 == 0)).collect::<BooleanArray>()))],
+            KeyKind::Decimal128 => {
+                let array = keys.iter().map(|k| k.map(|v| i128::from(v) * 1_000_003)).collect::<Decimal128Array>();
+                let array = array.with_precision_and_scale(20, 2).expect("valid decimal");
+                vec![(DataType::Decimal128(20, 2), Arc::new(array))]
+            }
+            KeyKind::WideInt64 => vec![(DataType::Int64, Arc::new(keys.iter().map(|k| k.map(|v| v << 34)).collect::<Int64Array>()))],
+            KeyKind::HashedInt64 => vec![(
+                DataType::Int64,
+                Arc::new(keys.iter().map(|k| k.map(|v| (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64)).collect::<Int64Array>()),
+            )],
+            KeyKind::Utf8 => vec![(DataType::Utf8, Arc::new(keys.iter().map(|k| k.map(|v| format!("key-{v}"))).collect::<StringArray>()))],
+            KeyKind::Utf8View => vec![(
+                DataType::Utf8View,
+                Arc::new(keys.iter().map(|k| k.map(|v| format!("a longer key that is not inlined {v}"))).collect::<StringViewArray>()),
+            )],
+            KeyKind::Dictionary => {
+                let strings: Vec<Option<String>> = keys.iter().map(|k| k.map(|v| format!("d{v}"))).collect();
+                let array: DictionaryArray<Int32Type> = strings.iter().map(Option::as_deref).collect();
+                vec![(DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), Arc::new(array))]
+            }
+            KeyKind::Float64 => vec![(DataType::Float64, Arc::new(keys.iter().map(|k| k.map(|v| v as f64 * 0.5 - 3.0)).collect::<Float64Array>()))],
+            KeyKind::Int16AndInt32 => vec![
+                (DataType::Int16, Arc::new(keys.iter().map(|k| k.map(|v| (v % 7) as i16)).collect::<Int16Array>())),
+                (DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| (v / 7) as i32)).collect::<Int32Array>())),
+            ],
+            KeyKind::Int32AndUtf8 => vec![
+                (DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| (v % 5) as i32)).collect::<Int32Array>())),
+                (DataType::Utf8, Arc::new(keys.iter().map(|k| k.map(|v| format!("s{}", v / 5))).collect::<StringArray>())),
+            ],
+        }
+    }
+}
+
+/// One random join and its inputs.
+struct Case {
+    seed: u64,
+    join_type: JoinType,
+    key_kind: KeyKind,
+    null_equality: NullEquality,
+    null_aware: bool,
+    with_filter: bool,
+    collect_left: bool,
+    partitions: usize,
+    projection: Option<Vec<usize>>,
+    algorithm: AlgorithmChoice,
+    materialization: MaterializationChoice,
+    batch_size: usize,
+    probe_chunk_rows: usize,
+    left: (SchemaRef, Vec<Vec<RecordBatch>>),
+    right: (SchemaRef, Vec<Vec<RecordBatch>>),
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rows = |side: &(SchemaRef, Vec<Vec<RecordBatch>>)| side.1.iter().flatten().map(|b| b.num_rows()).sum::<usize>();
+        write!(
+            f,
+            "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={}, \
+             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, {} build rows, {} probe rows",
+            self.seed,
+            self.seed,
+            self.join_type,
+            self.key_kind,
+            self.null_equality,
+            self.null_aware,
+            self.with_filter,
+            if self.collect_left { "CollectLeft" } else { "Partitioned" },
+            self.partitions,
+            self.projection,
+            self.algorithm,
+            self.materialization,
+            self.batch_size,
+            self.probe_chunk_rows,
+            rows(&self.left),
+            rows(&self.right),
+        )
+    }
+}
+
+/// Logical keys: a small domain so that keys repeat, sometimes one heavy
+/// hitter (skew), and nulls at a random rate.
+fn logical_keys(rng: &mut StdRng, rows: usize, domain: i64, skewed: bool, null_rate: f64) -> Vec<Option<i64>> {
+    (0..rows)
+        .map(|_| {
+            if rng.random_bool(null_rate) {
+                None
+            } else if skewed && rng.random_bool(0.6) {
+                Some(3)
+            } else {
+                Some(rng.random_range(0..domain))
+            }
+        })
+        .collect()
+}
+
+/// A side: key columns, then an Int32 payload, a Utf8 payload and, on the
+/// build side, a List payload; split into random batches over partitions.
+fn side(rng: &mut StdRng, kind: KeyKind, prefix: &str, rows: usize, domain: i64, partitions: usize, with_list: bool) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
+    let skewed = rng.random_bool(0.3);
+    let null_rate = *[0.0, 0.05, 0.3].choose(rng).expect("non-empty");
+    let keys = logical_keys(rng, rows, domain, skewed, null_rate);
+    let mut fields = vec![];
+    let mut columns: Vec<ArrayRef> = vec![];
+    for (i, (data_type, array)) in kind.key_columns(&keys).into_iter().enumerate() {
+        fields.push(Field::new(format!("{prefix}k{i}"), data_type, true));
+        columns.push(array);
+    }
+    let payload: Int32Array = (0..rows).map(|_| rng.random_bool(0.9).then(|| rng.random_range(-20..20))).collect();
+    fields.push(Field::new(format!("{prefix}x"), DataType::Int32, true));
+    columns.push(Arc::new(payload));
+    let text: StringArray = (0..rows).map(|i| rng.random_bool(0.9).then(|| format!("{prefix}{i}"))).collect();
+    fields.push(Field::new(format!("{prefix}s"), DataType::Utf8, true));
+    columns.push(Arc::new(text));
+    if with_list {
+        let lists = ListArray::from_iter_primitive::<Int32Type, _, _>(
+            (0..rows).map(|i| rng.random_bool(0.8).then(|| vec![Some(i as i32), None])),
+        );
+        fields.push(Field::new(format!("{prefix}l"), arrow::array::Array::data_type(&lists).clone(), true));
+        columns.push(Arc::new(lists));
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns).expect("valid batch");
+    let mut parts: Vec<Vec<RecordBatch>> = vec![vec![]; partitions];
+    let mut offset = 0;
+    while offset < rows {
+        let len = rng.random_range(1..=rows - offset).min(rng.random_range(1..64));
+        parts[rng.random_range(0..partitions)].push(batch.slice(offset, len));
+        offset += len;
+    }
+    (schema, parts)
+}
+
+fn random_case(seed: u64) -> Case {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let join_type = *JOIN_TYPES.choose(&mut rng).expect("non-empty");
+    let key_kind = *KEY_KINDS.choose(&mut rng).expect("non-empty");
+    let size = |rng: &mut StdRng| *[0, 1, 7, 33, 100, 257].choose(rng).expect("non-empty") + rng.random_range(0..3);
+    let (build_rows, probe_rows) = (size(&mut rng), size(&mut rng));
+    let domain = *[2, 10, 60, 1000].choose(&mut rng).expect("non-empty");
+    let collect_left = rng.random_bool(0.6);
+    let partitions = rng.random_range(1..=4);
+    let single_key = !matches!(key_kind, KeyKind::Int16AndInt32 | KeyKind::Int32AndUtf8);
+    let null_aware = join_type == JoinType::LeftAnti && single_key && collect_left && rng.random_bool(0.5);
+    let with_filter = !null_aware && rng.random_bool(0.5);
+    let null_equality = if !null_aware && rng.random_bool(0.25) { NullEquality::NullEqualsNull } else { NullEquality::NullEqualsNothing };
+    let with_list = rng.random_bool(0.3);
+    let left = side(&mut rng, key_kind, "l", build_rows, domain, if collect_left { 1 } else { partitions }, with_list);
+    let right = side(&mut rng, key_kind, "r", probe_rows, domain, partitions, false);
+    let joined_columns = match join_type {
+        JoinType::LeftSemi | JoinType::LeftAnti => left.0.fields().len(),
+        JoinType::RightSemi | JoinType::RightAnti => right.0.fields().len(),
+        JoinType::LeftMark => left.0.fields().len() + 1,
+        JoinType::RightMark => right.0.fields().len() + 1,
+        _ => left.0.fields().len() + right.0.fields().len(),
+    };
+    let projection = rng.random_bool(0.3).then(|| (0..joined_columns).filter(|_| rng.random_bool(0.4)).collect());
+    Case {
+        seed,
+        join_type,
+        key_kind,
+        null_equality,
+        null_aware,
+        with_filter,
+        collect_left,
+        partitions,
+        projection,
+        algorithm: *[AlgorithmChoice::Hash, AlgorithmChoice::SortMerge, AlgorithmChoice::Auto].choose(&mut rng).expect("non-empty"),
+        materialization: *[MaterializationChoice::Auto, MaterializationChoice::Transformed, MaterializationChoice::Untransformed]
+            .choose(&mut rng)
+            .expect("non-empty"),
+        batch_size: *[1, 3, 50, 8192].choose(&mut rng).expect("non-empty"),
+        probe_chunk_rows: *[1, 10, 64, 1 << 20].choose(&mut rng).expect("non-empty"),
+        left,
+        right,
+    }
+}
+
+fn memory_input(side: &(SchemaRef, Vec<Vec<RecordBatch>>)) -> Arc<dyn ExecutionPlan> {
+    MemorySourceConfig::try_new_exec(&side.1, Arc::clone(&side.0), None).expect("memory source")
+}
+
+fn key_exprs(schema: &SchemaRef, prefix: &str) -> Vec<PhysicalExprRef> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.name().starts_with(&format!("{prefix}k")))
+        .map(|(i, f)| Arc::new(Column::new(f.name(), i)) as PhysicalExprRef)
+        .collect()
+}
+
+/// `l.x < r.x + 5`, or `l.s <> r.s OR l.x IS NULL`, on candidate pairs.
+fn filter(case: &Case) -> JoinFilter {
+    let (left, right) = (&case.left.0, &case.right.0);
+    let lx = left.index_of("lx").expect("lx");
+    let rx = right.index_of("rx").expect("rx");
+    let schema = Arc::new(Schema::new(vec![Field::new("lx", DataType::Int32, true), Field::new("rx", DataType::Int32, true)]));
+    let expression = Arc::new(BinaryExpr::new(
+        Arc::new(Column::new("lx", 0)),
+        Operator::Lt,
+        Arc::new(BinaryExpr::new(Arc::new(Column::new("rx", 1)), Operator::Plus, lit(5i32))),
+    ));
+    JoinFilter::new(
+        expression,
+        vec![ColumnIndex { index: lx, side: JoinSide::Left }, ColumnIndex { index: rx, side: JoinSide::Right }],
+        schema,
+    )
+}
+
+fn hash_join(case: &Case) -> HashJoinExec {
+    let (mut left, mut right) = (memory_input(&case.left), memory_input(&case.right));
+    let left_keys = key_exprs(&case.left.0, "l");
+    let right_keys = key_exprs(&case.right.0, "r");
+    if !case.collect_left {
+        left = Arc::new(RepartitionExec::try_new(left, Partitioning::Hash(left_keys.clone(), case.partitions)).expect("repartition"));
+        right = Arc::new(RepartitionExec::try_new(right, Partitioning::Hash(right_keys.clone(), case.partitions)).expect("repartition"));
+    }
+    HashJoinExec::try_new(
+        left,
+        right,
+        left_keys.into_iter().zip(right_keys).collect(),
+        case.with_filter.then(|| filter(case)),
+        &case.join_type,
+        case.projection.clone(),
+        if case.collect_left { PartitionMode::CollectLeft } else { PartitionMode::Partitioned },
+        case.null_equality,
+        case.null_aware,
+    )
+    .expect("valid hash join")
+}
+
+async fn run_case(case: &Case) -> Result<(), String> {
+    // Two plans: stateful inputs such as RepartitionExec run only once.
+    let reference = hash_join(case);
+    let mut options = test_options();
+    options.algorithm = case.algorithm;
+    options.materialization = case.materialization;
+    options.probe_chunk_rows = case.probe_chunk_rows;
+    let gpu = GpuJoinExec::try_new(&hash_join(case), test_backend(), &options, ReplacedOperator::HashJoin).map_err(|e| e.to_string())?;
+    let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
+    let task = SessionContext::new_with_config(config).task_ctx();
+    let expected = collect(Arc::new(reference), Arc::clone(&task)).await.map_err(|e| format!("HashJoinExec failed: {e}"))?;
+    let actual = collect(Arc::new(gpu), task).await.map_err(|e| format!("GpuJoinExec failed: {e}"))?;
+    if let Some(batch) = actual.iter().find(|b| b.num_rows() > case.batch_size) {
+        return Err(format!("a {}-row batch exceeds batch_size {}", batch.num_rows(), case.batch_size));
+    }
+    let (expected, actual) = (sorted_rows(&expected), sorted_rows(&actual));
+    if expected != actual {
+        let missing: Vec<_> = expected.iter().filter(|r| !actual.contains(r)).take(5).collect();
+        let extra: Vec<_> = actual.iter().filter(|r| !expected.contains(r)).take(5).collect();
+        return Err(format!(
+            "{} rows expected, {} returned; missing e.g. {missing:?}, extra e.g. {extra:?}",
+            expected.len(),
+            actual.len()
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_join_matches_hash_join_on_random_inputs() {
+    let cases: u64 = std::env::var("GPU_JOIN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let first_seed: u64 = std::env::var("GPU_JOIN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    });
+    println!("fuzz: {cases} cases from seed {first_seed}");
+    let mut covered = std::collections::HashSet::new();
+    for seed in first_seed..first_seed + cases {
+        let case = random_case(seed);
+        if let Err(failure) = run_case(&case).await {
+            panic!("fuzz case failed: {case:?}\n{failure}");
+        }
+        covered.insert((format!("{:?}", case.join_type), case.with_filter));
+    }
+    if cases >= 500 {
+        assert_eq!(covered.len(), 20, "every join type with and without a filter: {covered:?}");
+    }
+}

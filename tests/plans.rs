@@ -1,0 +1,252 @@
+//! Planning: where the rule sits, which joins it replaces, the reasons it
+//! gives for the others, what EXPLAIN ANALYZE shows, and behaviour without a
+//! CUDA driver.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::JoinType;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::backend::cuda_backend;
+use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::exec::ReplacedOperator;
+use datafusion_gpu_join::{GpuJoinContextExt, GpuJoinExec, GpuJoinRule, NotOnGpu, Placement, SessionStateBuilderExt};
+
+use crate::common::{gpu_context, physical_plan_text, run, sorted_rows, test_backend, test_options, total_rows};
+
+async fn context_with_tables(config: SessionConfig) -> SessionContext {
+    let ctx = gpu_context(config);
+    for sql in [
+        "CREATE TABLE l (k INT, x INT, s VARCHAR) AS VALUES (1, 10, 'a'), (2, 20, 'b'), (2, 21, 'bb'), (NULL, 40, 'n'), (5, 50, 'e')",
+        "CREATE TABLE r (k INT, y INT, t VARCHAR) AS VALUES (2, 200, 'B'), (3, 300, 'C'), (5, 500, 'E'), (NULL, 0, 'N')",
+    ] {
+        run(&ctx, sql).await;
+    }
+    ctx
+}
+
+#[test]
+fn rule_sits_right_before_filter_pushdown_post_once() {
+    let state = SessionStateBuilder::new().with_default_features().with_gpu_join().with_gpu_join().build();
+    let names: Vec<&str> = state.physical_optimizers().iter().map(|r| r.name()).collect();
+    let position = names.iter().position(|n| *n == GpuJoinRule::NAME).expect("rule registered");
+    assert_eq!(names[position + 1], "FilterPushdown(Post)", "{names:?}");
+    assert_eq!(names.iter().filter(|n| **n == GpuJoinRule::NAME).count(), 1, "{names:?}");
+    assert!(state.config().options().extensions.get::<GpuJoinConfig>().is_some());
+}
+
+#[tokio::test]
+async fn every_join_type_is_planned_on_the_gpu_join() {
+    let ctx = context_with_tables(SessionConfig::new().with_target_partitions(2)).await;
+    run(&ctx, "CREATE TABLE big (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 40) t(i)").await;
+    // The planner builds on the smaller side, so each query runs both ways,
+    // in CollectLeft mode and then in Partitioned mode.
+    let mut types = BTreeSet::new();
+    let partitioned = [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        "SET datafusion.optimizer.join_reordering = false",
+    ];
+    for (a, b, settings) in [("l", "big", &[][..]), ("big", "l", &[]), ("l", "big", &partitioned), ("big", "l", &partitioned)] {
+        for setting in settings {
+            run(&ctx, setting).await;
+        }
+        let mut queries: Vec<String> = ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN", "LEFT SEMI JOIN", "RIGHT SEMI JOIN", "LEFT ANTI JOIN", "RIGHT ANTI JOIN"]
+            .iter()
+            .map(|join| format!("SELECT * FROM {a} {join} {b} ON {a}.k = {b}.k"))
+            .collect();
+        queries.push(format!("SELECT * FROM {a} WHERE EXISTS (SELECT 1 FROM {b} WHERE {a}.k = {b}.k) OR {a}.k > 3"));
+        for sql in queries {
+            for decision in ctx.gpu_join_decisions(&sql).await.expect("plans") {
+                assert!(matches!(decision.placement, Placement::Gpu { .. }), "{sql}: {decision}");
+                types.insert(format!("{:?}", decision.join_type));
+            }
+        }
+    }
+    assert_eq!(types.len(), 10, "join types planned: {types:?}");
+}
+
+/// RightMark comes from swapping a LeftMark join whose build side is the
+/// larger one; build such a join by hand and check it runs and matches.
+#[tokio::test]
+async fn right_mark_join_runs_like_hash_join() {
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Utf8, true)]));
+    let side = |keys: Vec<Option<i64>>| {
+        let n = keys.len();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from(keys)), Arc::new(StringArray::from_iter((0..n).map(|i| Some(format!("v{i}")))))],
+        )
+        .unwrap();
+        MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None).unwrap() as Arc<dyn ExecutionPlan>
+    };
+    let join = || {
+        HashJoinExec::try_new(
+            side(vec![Some(1), Some(2), None, Some(2)]),
+            side(vec![Some(2), Some(3), None, Some(1), Some(7)]),
+            vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
+            None,
+            &JoinType::RightMark,
+            None,
+            PartitionMode::CollectLeft,
+            datafusion::common::NullEquality::NullEqualsNothing,
+            false,
+        )
+        .unwrap()
+    };
+    let task = SessionContext::new().task_ctx();
+    let expected = collect(Arc::new(join()), Arc::clone(&task)).await.unwrap();
+    let gpu = GpuJoinExec::try_new(&join(), test_backend(), &test_options(), ReplacedOperator::HashJoin).unwrap();
+    let actual = collect(Arc::new(gpu), task).await.unwrap();
+    assert_eq!(sorted_rows(&actual), sorted_rows(&expected));
+    assert_eq!(sorted_rows(&actual), ["1|v3|true", "2|v0|true", "3|v1|false", "7|v4|false", "NULL|v2|false"]);
+}
+
+#[tokio::test]
+async fn joins_left_on_datafusion_say_why() {
+    let ctx = context_with_tables(SessionConfig::new()).await;
+    // A list key is not a supported key type.
+    let decisions = ctx
+        .gpu_join_decisions("SELECT * FROM (SELECT make_array(k) AS a FROM l) x JOIN (SELECT make_array(k) AS a FROM r) y ON x.a = y.a")
+        .await
+        .unwrap();
+    assert_eq!(decisions.len(), 1);
+    assert!(
+        matches!(&decisions[0].placement, Placement::NotOnGpu(NotOnGpu::UnsupportedKeyType(DataType::List(_)))),
+        "{}",
+        decisions[0]
+    );
+    assert!(decisions[0].to_string().contains("stays on DataFusion: unsupported key type List"), "{}", decisions[0]);
+
+    run(&ctx, "SET gpu_join.min_rows = 100").await;
+    let decisions = ctx.gpu_join_decisions("SELECT * FROM l JOIN r ON l.k = r.k").await.unwrap();
+    assert_eq!(decisions[0].placement, Placement::NotOnGpu(NotOnGpu::BelowMinRows { rows: 9, min_rows: 100 }));
+
+    run(&ctx, "SET gpu_join.enabled = false").await;
+    let decisions = ctx.gpu_join_decisions("SELECT * FROM l JOIN r ON l.k = r.k").await.unwrap();
+    assert_eq!(decisions[0].placement, Placement::NotOnGpu(NotOnGpu::Disabled));
+    assert!(physical_plan_text(&ctx, "SELECT * FROM l JOIN r ON l.k = r.k").await.contains("HashJoinExec"));
+}
+
+#[tokio::test]
+async fn explain_analyze_shows_rows_bytes_phases_and_memory() {
+    let ctx = context_with_tables(SessionConfig::new()).await;
+    let batches = run(&ctx, "EXPLAIN ANALYZE SELECT l.s, r.t FROM l JOIN r ON l.k = r.k").await;
+    let text = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let line = text.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{text}"));
+    for metric in [
+        "output_rows=3",
+        "build_rows=4",
+        "probe_rows=5",
+        "output_batches=1",
+        "bytes_to_device=",
+        "bytes_from_device=",
+        "transform_time=",
+        "match_time=",
+        "materialize_time=",
+        "peak_device_memory=",
+    ] {
+        assert!(line.contains(metric), "{metric} missing from {line}");
+    }
+}
+
+/// With no CUDA driver, `auto` leaves plans exactly as DataFusion made them
+/// and `cuda` fails with an error that says what to do. On a machine with a
+/// usable device, `auto` plans on it instead.
+#[tokio::test]
+async fn without_a_cuda_driver_auto_keeps_plans_and_cuda_is_an_error() {
+    let sql = "SELECT l.s, r.t FROM l JOIN r ON l.k = r.k";
+    let mut options = GpuJoinConfig::default();
+    options.min_rows = 0;
+    let plain = SessionContext::new_with_state(SessionStateBuilder::new().with_default_features().build());
+    let auto = SessionContext::new_with_state(
+        SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(SessionConfig::new().with_option_extension(options.clone()))
+            .with_gpu_join()
+            .build(),
+    );
+    for ctx in [&plain, &auto] {
+        run(ctx, "CREATE TABLE l (k INT, s VARCHAR) AS VALUES (1, 'a'), (2, 'b')").await;
+        run(ctx, "CREATE TABLE r (k INT, t VARCHAR) AS VALUES (2, 'B')").await;
+    }
+    match cuda_backend(&options) {
+        Err(why) => {
+            assert_eq!(physical_plan_text(&auto, sql).await, physical_plan_text(&plain, sql).await);
+            let decisions = auto.gpu_join_decisions(sql).await.unwrap();
+            assert_eq!(decisions[0].placement, Placement::NotOnGpu(NotOnGpu::NoDevice(why)));
+            assert_eq!(sorted_rows(&run(&auto, sql).await), ["b|B"]);
+            run(&auto, "SET gpu_join.backend = 'cuda'").await;
+            let error = auto.sql(sql).await.unwrap().collect().await.unwrap_err().to_string();
+            assert!(error.contains("gpu_join.backend is 'cuda' but no CUDA device is usable"), "{error}");
+            assert!(error.contains("Set gpu_join.backend = 'auto'"), "{error}");
+        }
+        Ok(_) => {
+            assert_eq!(test_options().backend, BackendChoice::Cuda, "a usable device, yet the suite runs on the CPU backend");
+            assert!(physical_plan_text(&auto, sql).await.contains("GpuJoinExec: backend=cuda"));
+            assert_eq!(sorted_rows(&run(&auto, sql).await), ["b|B"]);
+        }
+    }
+}
+
+/// The probe side arrives ordered: matches leave in probe order for every
+/// join type for which HashJoinExec promises it, across many chunks.
+#[tokio::test]
+async fn probe_order_is_kept_across_chunks() {
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("p", DataType::Int64, false)]));
+    let rows = 3000i64;
+    let probe_batches: Vec<RecordBatch> = (0..rows)
+        .step_by(100)
+        .map(|start| {
+            let keys: Int64Array = (start..start + 100).map(|i| (i % 11 != 0).then_some(i % 37)).collect();
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys), Arc::new(Int64Array::from_iter_values(start..start + 100))]).unwrap()
+        })
+        .collect();
+    let build = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![Arc::new(Int64Array::from_iter_values((0..30).map(|i| i % 20))), Arc::new(Int64Array::from_iter_values(0..30))],
+    )
+    .unwrap();
+    for join_type in [JoinType::Inner, JoinType::Right, JoinType::RightSemi, JoinType::RightAnti, JoinType::RightMark] {
+        let ordering = LexOrdering::new(vec![PhysicalSortExpr::new_default(Arc::new(Column::new("p", 1)))]).unwrap();
+        let probe = MemorySourceConfig::try_new(&[probe_batches.clone()], Arc::clone(&schema), None)
+            .unwrap()
+            .try_with_sort_information(vec![ordering])
+            .unwrap();
+        let probe = datafusion::datasource::source::DataSourceExec::from_data_source(probe);
+        let build = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], Arc::clone(&schema), None).unwrap();
+        let join = HashJoinExec::try_new(
+            build,
+            probe,
+            vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
+            None,
+            &join_type,
+            None,
+            PartitionMode::CollectLeft,
+            datafusion::common::NullEquality::NullEqualsNothing,
+            false,
+        )
+        .unwrap();
+        let mut options = test_options();
+        options.probe_chunk_rows = 250;
+        let gpu = GpuJoinExec::try_new(&join, test_backend(), &options, ReplacedOperator::HashJoin).unwrap();
+        assert!(gpu.preserves_probe_order(), "{join_type:?}");
+        let config = SessionConfig::new().with_batch_size(77).with_option_extension(options);
+        let batches = collect(Arc::new(gpu), SessionContext::new_with_config(config).task_ctx()).await.unwrap();
+        let p_index = batches[0].schema().fields().iter().rposition(|f| f.name() == "p").unwrap();
+        let probe_rows: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.column(p_index).as_any().downcast_ref::<Int64Array>().unwrap().iter().flatten().collect::<Vec<_>>())
+            .collect();
+        assert!(probe_rows.windows(2).all(|w| w[0] <= w[1]), "{join_type:?}: probe order lost");
+        assert!(total_rows(&batches) > 0, "{join_type:?}");
+    }
+}
