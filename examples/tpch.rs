@@ -45,14 +45,19 @@ fn parse_args() -> Result<Args> {
         compare: false,
     };
     let mut it = std::env::args().skip(1);
-    let bad = |what: &str| DataFusionError::Configuration(format!("bad value for {what}; see the usage at the top of examples/tpch.rs"));
+    let bad = |what: &str| {
+        DataFusionError::Configuration(format!("bad value for {what}; see the usage at the top of examples/tpch.rs"))
+    };
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or_else(|| bad(&arg));
         match arg.as_str() {
             "--sf" => args.scale_factor = value()?.parse().map_err(|_| bad("--sf"))?,
             "--backend" => args.backend = value()?.parse()?,
             "--queries" => {
-                args.queries = value()?.split(',').map(|q| q.trim().parse().map_err(|_| bad("--queries"))).collect::<Result<_>>()?
+                args.queries = value()?
+                    .split(',')
+                    .map(|q| q.trim().parse().map_err(|_| bad("--queries")))
+                    .collect::<Result<_>>()?
             }
             "--iterations" => args.iterations = value()?.parse().map_err(|_| bad("--iterations"))?,
             "--partitions" => args.partitions = value()?.parse().map_err(|_| bad("--partitions"))?,
@@ -78,7 +83,11 @@ fn session(args: &Args, gpu: bool) -> SessionContext {
 }
 
 /// Median time of `iterations` runs after one warm-up run.
-async fn timed(ctx: &SessionContext, query: usize, args: &Args) -> Result<(Duration, Vec<datafusion::arrow::array::RecordBatch>)> {
+async fn timed(
+    ctx: &SessionContext,
+    query: usize,
+    args: &Args,
+) -> Result<(Duration, Vec<datafusion::arrow::array::RecordBatch>)> {
     let mut batches = tpch::run_query(ctx, query, args.scale_factor).await?;
     let mut times = vec![];
     for _ in 0..args.iterations {
@@ -101,7 +110,9 @@ async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Re
         }
         for decision in ctx.gpu_join_decisions(&statement).await? {
             match decision.placement {
-                Placement::Gpu { backend, algorithm } => on_gpu.push(format!("{:?} {backend} {algorithm}", decision.join_type)),
+                Placement::Gpu { backend, algorithm } => {
+                    on_gpu.push(format!("{:?} {backend} {algorithm}", decision.join_type))
+                }
                 Placement::NotOnGpu(reason) => on_cpu.push(format!("{:?}: {reason}", decision.join_type)),
             }
         }
@@ -125,7 +136,9 @@ async fn main() -> Result<()> {
         }
     }
     if args.validate && args.scale_factor != 1.0 {
-        return Err(DataFusionError::Configuration("--validate needs --sf 1: the official answers are for scale factor 1".into()));
+        return Err(DataFusionError::Configuration(
+            "--validate needs --sf 1: the official answers are for scale factor 1".into(),
+        ));
     }
     let start = Instant::now();
     let gpu = session(&args, true);

@@ -154,10 +154,7 @@ impl FromStr for MemoryLimit {
             _ => (number, 1),
         };
         match digits.trim().parse::<u64>() {
-            Ok(n) if n > 0 => n
-                .checked_mul(scale)
-                .map(MemoryLimit::Bytes)
-                .map_or_else(invalid, Ok),
+            Ok(n) if n > 0 => n.checked_mul(scale).map(MemoryLimit::Bytes).map_or_else(invalid, Ok),
             _ => invalid(),
         }
     }
@@ -206,11 +203,7 @@ impl ConfigExtension for GpuJoinConfig {
 impl GpuJoinConfig {
     /// The session's options, or the defaults when the extension is not registered.
     pub fn from_config(options: &ConfigOptions) -> Self {
-        options
-            .extensions
-            .get::<GpuJoinConfig>()
-            .cloned()
-            .unwrap_or_default()
+        options.extensions.get::<GpuJoinConfig>().cloned().unwrap_or_default()
     }
 }
 
@@ -221,27 +214,12 @@ mod tests {
     #[test]
     fn memory_limit_parses_sizes_and_percentages() {
         assert_eq!("auto".parse::<MemoryLimit>().unwrap(), MemoryLimit::Auto);
-        assert_eq!(
-            "40G".parse::<MemoryLimit>().unwrap(),
-            MemoryLimit::Bytes(40 << 30)
-        );
-        assert_eq!(
-            "512mb".parse::<MemoryLimit>().unwrap(),
-            MemoryLimit::Bytes(512 << 20)
-        );
-        assert_eq!(
-            "1024".parse::<MemoryLimit>().unwrap(),
-            MemoryLimit::Bytes(1024)
-        );
-        assert_eq!(
-            "75%".parse::<MemoryLimit>().unwrap(),
-            MemoryLimit::Percent(75)
-        );
+        assert_eq!("40G".parse::<MemoryLimit>().unwrap(), MemoryLimit::Bytes(40 << 30));
+        assert_eq!("512mb".parse::<MemoryLimit>().unwrap(), MemoryLimit::Bytes(512 << 20));
+        assert_eq!("1024".parse::<MemoryLimit>().unwrap(), MemoryLimit::Bytes(1024));
+        assert_eq!("75%".parse::<MemoryLimit>().unwrap(), MemoryLimit::Percent(75));
         for bad in ["", "0", "-1G", "12X", "101%", "0%", "G"] {
-            assert!(
-                bad.parse::<MemoryLimit>().is_err(),
-                "{bad} should be rejected"
-            );
+            assert!(bad.parse::<MemoryLimit>().is_err(), "{bad} should be rejected");
         }
         assert_eq!(MemoryLimit::Percent(50).resolve(1000, 100), 500);
         assert_eq!(MemoryLimit::Bytes(5000).resolve(1000, 100), 1000);

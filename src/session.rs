@@ -28,29 +28,15 @@ const INSERT_BEFORE: &str = "FilterPushdown(Post)";
 pub fn register(mut builder: SessionStateBuilder) -> SessionStateBuilder {
     let config = builder.config().get_or_insert_with(SessionConfig::new);
     if config.options().extensions.get::<GpuJoinConfig>().is_none() {
-        config
-            .options_mut()
-            .extensions
-            .insert(GpuJoinConfig::default());
+        config.options_mut().extensions.insert(GpuJoinConfig::default());
     }
-    let optimizer = builder
-        .physical_optimizers()
-        .get_or_insert_with(PhysicalOptimizer::new);
-    if !optimizer
-        .rules
-        .iter()
-        .any(|rule| rule.name() == GpuJoinRule::NAME)
-    {
+    let optimizer = builder.physical_optimizers().get_or_insert_with(PhysicalOptimizer::new);
+    if !optimizer.rules.iter().any(|rule| rule.name() == GpuJoinRule::NAME) {
         let position = optimizer
             .rules
             .iter()
             .rposition(|rule| rule.name() == INSERT_BEFORE)
-            .or_else(|| {
-                optimizer
-                    .rules
-                    .iter()
-                    .rposition(|rule| rule.name() == "SanityCheckPlan")
-            })
+            .or_else(|| optimizer.rules.iter().rposition(|rule| rule.name() == "SanityCheckPlan"))
             .unwrap_or(optimizer.rules.len());
         optimizer.rules.insert(position, Arc::new(GpuJoinRule));
     }
@@ -72,10 +58,7 @@ impl SessionStateBuilderExt for SessionStateBuilder {
 pub trait GpuJoinContextExt {
     /// Plans `sql` and lists each join: replaced by `GpuJoinExec`, or kept on
     /// DataFusion's operator with the reason.
-    fn gpu_join_decisions(
-        &self,
-        sql: &str,
-    ) -> impl Future<Output = Result<Vec<JoinDecision>>> + Send;
+    fn gpu_join_decisions(&self, sql: &str) -> impl Future<Output = Result<Vec<JoinDecision>>> + Send;
 }
 
 impl GpuJoinContextExt for SessionContext {

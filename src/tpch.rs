@@ -14,20 +14,18 @@ use datafusion::error::Result;
 use datafusion::prelude::SessionContext;
 use rayon::prelude::*;
 use tpchgen::generators::{
-    CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator,
-    PartSuppGenerator, RegionGenerator, SupplierGenerator,
+    CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator, PartSuppGenerator,
+    RegionGenerator, SupplierGenerator,
 };
 use tpchgen_arrow::{
-    CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow,
-    SupplierArrow,
+    CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow, SupplierArrow,
 };
 
 /// Rows per generated batch.
 const BATCH_ROWS: usize = 8192;
 
 /// The eight TPC-H tables.
-pub const TABLES: [&str; 8] =
-    ["region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem"];
+pub const TABLES: [&str; 8] = ["region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem"];
 
 /// One part of a table: its schema and batches.
 fn generate_part(table: &str, scale_factor: f64, part: i32, parts: i32) -> Result<(SchemaRef, Vec<RecordBatch>)> {
@@ -60,7 +58,10 @@ pub fn register_tables(ctx: &SessionContext, scale_factor: f64, partitions: usiz
             .into_par_iter()
             .map(|part| generate_part(table, scale_factor, part, parts))
             .collect::<Result<_>>()?;
-        let schema = generated.first().map(|(s, _)| Arc::clone(s)).ok_or_else(|| exec_datafusion_err!("{table}: nothing generated"))?;
+        let schema = generated
+            .first()
+            .map(|(s, _)| Arc::clone(s))
+            .ok_or_else(|| exec_datafusion_err!("{table}: nothing generated"))?;
         let partitions: Vec<Vec<RecordBatch>> = generated.into_iter().map(|(_, batches)| batches).collect();
         ctx.register_table(table, Arc::new(MemTable::try_new(schema, partitions)?))?;
     }

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float64Array, Int16Array,
-    Int32Array, Int64Array, ListArray, RecordBatch, StringArray, StringViewArray, UInt8Array,
+    ArrayRef, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float64Array, Int16Array, Int32Array,
+    Int64Array, ListArray, RecordBatch, StringArray, StringViewArray, UInt8Array,
 };
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
@@ -86,38 +86,68 @@ const KEY_KINDS: [KeyKind; 13] = [
 impl KeyKind {
     fn key_columns(&self, keys: &[Option<i64>]) -> Vec<(DataType, ArrayRef)> {
         match self {
-            KeyKind::Int32 => vec![(DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| v as i32 - 50)).collect::<Int32Array>()))],
-            KeyKind::UInt8 => vec![(DataType::UInt8, Arc::new(keys.iter().map(|k| k.map(|v| (v % 256) as u8)).collect::<UInt8Array>()))],
-            KeyKind::Date32 => vec![(DataType::Date32, Arc::new(keys.iter().map(|k| k.map(|v| 19000 + v as i32)).collect::<Date32Array>()))],
-            KeyKind::Boolean => vec![(DataType::Boolean, Arc::new(keys.iter().map(|k| k.map(|v| v % 2 == 0)).collect::<BooleanArray>()))],
+            KeyKind::Int32 => {
+                vec![(DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| v as i32 - 50)).collect::<Int32Array>()))]
+            }
+            KeyKind::UInt8 => vec![(
+                DataType::UInt8,
+                Arc::new(keys.iter().map(|k| k.map(|v| (v % 256) as u8)).collect::<UInt8Array>()),
+            )],
+            KeyKind::Date32 => vec![(
+                DataType::Date32,
+                Arc::new(keys.iter().map(|k| k.map(|v| 19000 + v as i32)).collect::<Date32Array>()),
+            )],
+            KeyKind::Boolean => vec![(
+                DataType::Boolean,
+                Arc::new(keys.iter().map(|k| k.map(|v| v % 2 == 0)).collect::<BooleanArray>()),
+            )],
             KeyKind::Decimal128 => {
                 let array = keys.iter().map(|k| k.map(|v| i128::from(v) * 1_000_003)).collect::<Decimal128Array>();
                 let array = array.with_precision_and_scale(20, 2).expect("valid decimal");
                 vec![(DataType::Decimal128(20, 2), Arc::new(array))]
             }
-            KeyKind::WideInt64 => vec![(DataType::Int64, Arc::new(keys.iter().map(|k| k.map(|v| v << 34)).collect::<Int64Array>()))],
+            KeyKind::WideInt64 => {
+                vec![(DataType::Int64, Arc::new(keys.iter().map(|k| k.map(|v| v << 34)).collect::<Int64Array>()))]
+            }
             KeyKind::HashedInt64 => vec![(
                 DataType::Int64,
-                Arc::new(keys.iter().map(|k| k.map(|v| (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64)).collect::<Int64Array>()),
+                Arc::new(
+                    keys.iter()
+                        .map(|k| k.map(|v| (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64))
+                        .collect::<Int64Array>(),
+                ),
             )],
-            KeyKind::Utf8 => vec![(DataType::Utf8, Arc::new(keys.iter().map(|k| k.map(|v| format!("key-{v}"))).collect::<StringArray>()))],
+            KeyKind::Utf8 => vec![(
+                DataType::Utf8,
+                Arc::new(keys.iter().map(|k| k.map(|v| format!("key-{v}"))).collect::<StringArray>()),
+            )],
             KeyKind::Utf8View => vec![(
                 DataType::Utf8View,
-                Arc::new(keys.iter().map(|k| k.map(|v| format!("a longer key that is not inlined {v}"))).collect::<StringViewArray>()),
+                Arc::new(
+                    keys.iter()
+                        .map(|k| k.map(|v| format!("a longer key that is not inlined {v}")))
+                        .collect::<StringViewArray>(),
+                ),
             )],
             KeyKind::Dictionary => {
                 let strings: Vec<Option<String>> = keys.iter().map(|k| k.map(|v| format!("d{v}"))).collect();
                 let array: DictionaryArray<Int32Type> = strings.iter().map(Option::as_deref).collect();
                 vec![(DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), Arc::new(array))]
             }
-            KeyKind::Float64 => vec![(DataType::Float64, Arc::new(keys.iter().map(|k| k.map(|v| v as f64 * 0.5 - 3.0)).collect::<Float64Array>()))],
+            KeyKind::Float64 => vec![(
+                DataType::Float64,
+                Arc::new(keys.iter().map(|k| k.map(|v| v as f64 * 0.5 - 3.0)).collect::<Float64Array>()),
+            )],
             KeyKind::Int16AndInt32 => vec![
                 (DataType::Int16, Arc::new(keys.iter().map(|k| k.map(|v| (v % 7) as i16)).collect::<Int16Array>())),
                 (DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| (v / 7) as i32)).collect::<Int32Array>())),
             ],
             KeyKind::Int32AndUtf8 => vec![
                 (DataType::Int32, Arc::new(keys.iter().map(|k| k.map(|v| (v % 5) as i32)).collect::<Int32Array>())),
-                (DataType::Utf8, Arc::new(keys.iter().map(|k| k.map(|v| format!("s{}", v / 5))).collect::<StringArray>())),
+                (
+                    DataType::Utf8,
+                    Arc::new(keys.iter().map(|k| k.map(|v| format!("s{}", v / 5))).collect::<StringArray>()),
+                ),
             ],
         }
     }
@@ -144,7 +174,8 @@ struct Case {
 
 impl std::fmt::Debug for Case {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rows = |side: &(SchemaRef, Vec<Vec<RecordBatch>>)| side.1.iter().flatten().map(|b| b.num_rows()).sum::<usize>();
+        let rows =
+            |side: &(SchemaRef, Vec<Vec<RecordBatch>>)| side.1.iter().flatten().map(|b| b.num_rows()).sum::<usize>();
         write!(
             f,
             "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={}, \
@@ -187,7 +218,15 @@ fn logical_keys(rng: &mut StdRng, rows: usize, domain: i64, skewed: bool, null_r
 
 /// A side: key columns, then an Int32 payload, a Utf8 payload and, on the
 /// build side, a List payload; split into random batches over partitions.
-fn side(rng: &mut StdRng, kind: KeyKind, prefix: &str, rows: usize, domain: i64, partitions: usize, with_list: bool) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
+fn side(
+    rng: &mut StdRng,
+    kind: KeyKind,
+    prefix: &str,
+    rows: usize,
+    domain: i64,
+    partitions: usize,
+    with_list: bool,
+) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
     let skewed = rng.random_bool(0.3);
     let null_rate = *[0.0, 0.05, 0.3].choose(rng).expect("non-empty");
     let keys = logical_keys(rng, rows, domain, skewed, null_rate);
@@ -234,7 +273,11 @@ fn random_case(seed: u64) -> Case {
     let single_key = !matches!(key_kind, KeyKind::Int16AndInt32 | KeyKind::Int32AndUtf8);
     let null_aware = join_type == JoinType::LeftAnti && single_key && collect_left && rng.random_bool(0.5);
     let with_filter = !null_aware && rng.random_bool(0.5);
-    let null_equality = if !null_aware && rng.random_bool(0.25) { NullEquality::NullEqualsNull } else { NullEquality::NullEqualsNothing };
+    let null_equality = if !null_aware && rng.random_bool(0.25) {
+        NullEquality::NullEqualsNull
+    } else {
+        NullEquality::NullEqualsNothing
+    };
     let with_list = rng.random_bool(0.3);
     let left = side(&mut rng, key_kind, "l", build_rows, domain, if collect_left { 1 } else { partitions }, with_list);
     let right = side(&mut rng, key_kind, "r", probe_rows, domain, partitions, false);
@@ -256,10 +299,16 @@ fn random_case(seed: u64) -> Case {
         collect_left,
         partitions,
         projection,
-        algorithm: *[AlgorithmChoice::Hash, AlgorithmChoice::SortMerge, AlgorithmChoice::Auto].choose(&mut rng).expect("non-empty"),
-        materialization: *[MaterializationChoice::Auto, MaterializationChoice::Transformed, MaterializationChoice::Untransformed]
+        algorithm: *[AlgorithmChoice::Hash, AlgorithmChoice::SortMerge, AlgorithmChoice::Auto]
             .choose(&mut rng)
             .expect("non-empty"),
+        materialization: *[
+            MaterializationChoice::Auto,
+            MaterializationChoice::Transformed,
+            MaterializationChoice::Untransformed,
+        ]
+        .choose(&mut rng)
+        .expect("non-empty"),
         batch_size: *[1, 3, 50, 8192].choose(&mut rng).expect("non-empty"),
         probe_chunk_rows: *[1, 10, 64, 1 << 20].choose(&mut rng).expect("non-empty"),
         left,
@@ -286,7 +335,8 @@ fn filter(case: &Case) -> JoinFilter {
     let (left, right) = (&case.left.0, &case.right.0);
     let lx = left.index_of("lx").expect("lx");
     let rx = right.index_of("rx").expect("rx");
-    let schema = Arc::new(Schema::new(vec![Field::new("lx", DataType::Int32, true), Field::new("rx", DataType::Int32, true)]));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("lx", DataType::Int32, true), Field::new("rx", DataType::Int32, true)]));
     let expression = Arc::new(BinaryExpr::new(
         Arc::new(Column::new("lx", 0)),
         Operator::Lt,
@@ -304,8 +354,14 @@ fn hash_join(case: &Case) -> HashJoinExec {
     let left_keys = key_exprs(&case.left.0, "l");
     let right_keys = key_exprs(&case.right.0, "r");
     if !case.collect_left {
-        left = Arc::new(RepartitionExec::try_new(left, Partitioning::Hash(left_keys.clone(), case.partitions)).expect("repartition"));
-        right = Arc::new(RepartitionExec::try_new(right, Partitioning::Hash(right_keys.clone(), case.partitions)).expect("repartition"));
+        left = Arc::new(
+            RepartitionExec::try_new(left, Partitioning::Hash(left_keys.clone(), case.partitions))
+                .expect("repartition"),
+        );
+        right = Arc::new(
+            RepartitionExec::try_new(right, Partitioning::Hash(right_keys.clone(), case.partitions))
+                .expect("repartition"),
+        );
     }
     HashJoinExec::try_new(
         left,
@@ -328,10 +384,12 @@ async fn run_case(case: &Case) -> Result<(), String> {
     options.algorithm = case.algorithm;
     options.materialization = case.materialization;
     options.probe_chunk_rows = case.probe_chunk_rows;
-    let gpu = GpuJoinExec::try_new(&hash_join(case), test_backend(), &options, ReplacedOperator::HashJoin).map_err(|e| e.to_string())?;
+    let gpu = GpuJoinExec::try_new(&hash_join(case), test_backend(), &options, ReplacedOperator::HashJoin)
+        .map_err(|e| e.to_string())?;
     let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
     let task = SessionContext::new_with_config(config).task_ctx();
-    let expected = collect(Arc::new(reference), Arc::clone(&task)).await.map_err(|e| format!("HashJoinExec failed: {e}"))?;
+    let expected =
+        collect(Arc::new(reference), Arc::clone(&task)).await.map_err(|e| format!("HashJoinExec failed: {e}"))?;
     let actual = collect(Arc::new(gpu), task).await.map_err(|e| format!("GpuJoinExec failed: {e}"))?;
     if let Some(batch) = actual.iter().find(|b| b.num_rows() > case.batch_size) {
         return Err(format!("a {}-row batch exceeds batch_size {}", batch.num_rows(), case.batch_size));

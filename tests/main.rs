@@ -6,6 +6,8 @@
 mod common;
 
 mod fuzz;
+mod kernels;
 mod plans;
+mod primitives;
 mod sqllogic;
 mod tpch;

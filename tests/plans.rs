@@ -55,14 +55,25 @@ async fn every_join_type_is_planned_on_the_gpu_join() {
         "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
         "SET datafusion.optimizer.join_reordering = false",
     ];
-    for (a, b, settings) in [("l", "big", &[][..]), ("big", "l", &[]), ("l", "big", &partitioned), ("big", "l", &partitioned)] {
+    for (a, b, settings) in
+        [("l", "big", &[][..]), ("big", "l", &[]), ("l", "big", &partitioned), ("big", "l", &partitioned)]
+    {
         for setting in settings {
             run(&ctx, setting).await;
         }
-        let mut queries: Vec<String> = ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN", "LEFT SEMI JOIN", "RIGHT SEMI JOIN", "LEFT ANTI JOIN", "RIGHT ANTI JOIN"]
-            .iter()
-            .map(|join| format!("SELECT * FROM {a} {join} {b} ON {a}.k = {b}.k"))
-            .collect();
+        let mut queries: Vec<String> = [
+            "JOIN",
+            "LEFT JOIN",
+            "RIGHT JOIN",
+            "FULL JOIN",
+            "LEFT SEMI JOIN",
+            "RIGHT SEMI JOIN",
+            "LEFT ANTI JOIN",
+            "RIGHT ANTI JOIN",
+        ]
+        .iter()
+        .map(|join| format!("SELECT * FROM {a} {join} {b} ON {a}.k = {b}.k"))
+        .collect();
         queries.push(format!("SELECT * FROM {a} WHERE EXISTS (SELECT 1 FROM {b} WHERE {a}.k = {b}.k) OR {a}.k > 3"));
         for sql in queries {
             for decision in ctx.gpu_join_decisions(&sql).await.expect("plans") {
@@ -78,12 +89,16 @@ async fn every_join_type_is_planned_on_the_gpu_join() {
 /// larger one; build such a join by hand and check it runs and matches.
 #[tokio::test]
 async fn right_mark_join_runs_like_hash_join() {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Utf8, true)]));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Utf8, true)]));
     let side = |keys: Vec<Option<i64>>| {
         let n = keys.len();
         let batch = RecordBatch::try_new(
             Arc::clone(&schema),
-            vec![Arc::new(Int64Array::from(keys)), Arc::new(StringArray::from_iter((0..n).map(|i| Some(format!("v{i}")))))],
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(StringArray::from_iter((0..n).map(|i| Some(format!("v{i}"))))),
+            ],
         )
         .unwrap();
         MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None).unwrap() as Arc<dyn ExecutionPlan>
@@ -115,7 +130,9 @@ async fn joins_left_on_datafusion_say_why() {
     let ctx = context_with_tables(SessionConfig::new()).await;
     // A list key is not a supported key type.
     let decisions = ctx
-        .gpu_join_decisions("SELECT * FROM (SELECT make_array(k) AS a FROM l) x JOIN (SELECT make_array(k) AS a FROM r) y ON x.a = y.a")
+        .gpu_join_decisions(
+            "SELECT * FROM (SELECT make_array(k) AS a FROM l) x JOIN (SELECT make_array(k) AS a FROM r) y ON x.a = y.a",
+        )
         .await
         .unwrap();
     assert_eq!(decisions.len(), 1);
@@ -190,7 +207,11 @@ async fn without_a_cuda_driver_auto_keeps_plans_and_cuda_is_an_error() {
             assert!(error.contains("Set gpu_join.backend = 'auto'"), "{error}");
         }
         Ok(_) => {
-            assert_eq!(test_options().backend, BackendChoice::Cuda, "a usable device, yet the suite runs on the CPU backend");
+            assert_eq!(
+                test_options().backend,
+                BackendChoice::Cuda,
+                "a usable device, yet the suite runs on the CPU backend"
+            );
             assert!(physical_plan_text(&auto, sql).await.contains("GpuJoinExec: backend=cuda"));
             assert_eq!(sorted_rows(&run(&auto, sql).await), ["b|B"]);
         }
@@ -201,18 +222,26 @@ async fn without_a_cuda_driver_auto_keeps_plans_and_cuda_is_an_error() {
 /// join type for which HashJoinExec promises it, across many chunks.
 #[tokio::test]
 async fn probe_order_is_kept_across_chunks() {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("p", DataType::Int64, false)]));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("p", DataType::Int64, false)]));
     let rows = 3000i64;
     let probe_batches: Vec<RecordBatch> = (0..rows)
         .step_by(100)
         .map(|start| {
             let keys: Int64Array = (start..start + 100).map(|i| (i % 11 != 0).then_some(i % 37)).collect();
-            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys), Arc::new(Int64Array::from_iter_values(start..start + 100))]).unwrap()
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(keys), Arc::new(Int64Array::from_iter_values(start..start + 100))],
+            )
+            .unwrap()
         })
         .collect();
     let build = RecordBatch::try_new(
         Arc::clone(&schema),
-        vec![Arc::new(Int64Array::from_iter_values((0..30).map(|i| i % 20))), Arc::new(Int64Array::from_iter_values(0..30))],
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..30).map(|i| i % 20))),
+            Arc::new(Int64Array::from_iter_values(0..30)),
+        ],
     )
     .unwrap();
     for join_type in [JoinType::Inner, JoinType::Right, JoinType::RightSemi, JoinType::RightAnti, JoinType::RightMark] {
@@ -244,7 +273,9 @@ async fn probe_order_is_kept_across_chunks() {
         let p_index = batches[0].schema().fields().iter().rposition(|f| f.name() == "p").unwrap();
         let probe_rows: Vec<i64> = batches
             .iter()
-            .flat_map(|b| b.column(p_index).as_any().downcast_ref::<Int64Array>().unwrap().iter().flatten().collect::<Vec<_>>())
+            .flat_map(|b| {
+                b.column(p_index).as_any().downcast_ref::<Int64Array>().unwrap().iter().flatten().collect::<Vec<_>>()
+            })
             .collect();
         assert!(probe_rows.windows(2).all(|w| w[0] <= w[1]), "{join_type:?}: probe order lost");
         assert!(total_rows(&batches) > 0, "{join_type:?}");

@@ -19,12 +19,12 @@
 //! The suites run in a fresh temporary directory, so plans that print file
 //! paths mark the directory part with `<slt:ignore>`.
 
-use std::path::{Path, PathBuf};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::SessionStateBuilderExt;
 use datafusion_sqllogictest::{DataFusion, TestContext, df_value_validator, setup_scratch_dir, value_normalizer};
 use sqllogictest::{QueryExpect, Record, Runner, parse_file, strict_column_validator};
+use std::path::{Path, PathBuf};
 
 use crate::common::{gpu_context, test_options};
 
@@ -90,7 +90,10 @@ fn record_location(record: &DFRecord) -> String {
     }
 }
 
-fn runner(ctx: &SessionContext, relative_path: &Path) -> Runner<DataFusion, impl sqllogictest::MakeConnection<Conn = DataFusion>> {
+fn runner(
+    ctx: &SessionContext,
+    relative_path: &Path,
+) -> Runner<DataFusion, impl sqllogictest::MakeConnection<Conn = DataFusion>> {
     let (ctx, relative_path) = (ctx.clone(), relative_path.to_path_buf());
     let mut runner = Runner::new(move || {
         let (ctx, relative_path) = (ctx.clone(), relative_path.clone());
@@ -115,7 +118,13 @@ enum Explains {
     Skip,
 }
 
-async fn run_file(ctx: &SessionContext, path: &Path, relative_path: &Path, explains: Explains, missing_data: bool) -> Outcome {
+async fn run_file(
+    ctx: &SessionContext,
+    path: &Path,
+    relative_path: &Path,
+    explains: Explains,
+    missing_data: bool,
+) -> Outcome {
     let mut outcome = Outcome::default();
     let records: Vec<DFRecord> = match parse_file(path) {
         Ok(records) => records,

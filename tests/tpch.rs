@@ -20,10 +20,15 @@ async fn tpch_queries_match_datafusion() {
         let actual = tpch::run_query(&gpu, query, SCALE_FACTOR).await.unwrap_or_else(|e| panic!("Q{query}: {e}"));
         assert!(!expected.is_empty() || query == 15, "Q{query} returned no batches");
         assert_eq!(sorted_rows(&actual), sorted_rows(&expected), "Q{query} differs from DataFusion");
-        let select = tpch::statements(query, SCALE_FACTOR).unwrap().into_iter().find(|s| s.starts_with("select")).unwrap();
+        let select =
+            tpch::statements(query, SCALE_FACTOR).unwrap().into_iter().find(|s| s.starts_with("select")).unwrap();
         if let Ok(df) = gpu.sql(&select).await {
             let plan = df.create_physical_plan().await.expect("plan");
-            joins_on_gpu += datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string().matches("GpuJoinExec").count();
+            joins_on_gpu += datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(false)
+                .to_string()
+                .matches("GpuJoinExec")
+                .count();
         }
     }
     // Every join but those of Q15 (planned against its view) is counted.

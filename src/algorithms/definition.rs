@@ -67,11 +67,7 @@ impl JoinDefinition {
     }
 
     fn side_columns(&self, pick: impl Fn(OutputColumn) -> Option<usize>) -> Vec<usize> {
-        let mut columns: Vec<usize> = self
-            .output_columns
-            .iter()
-            .filter_map(|c| pick(*c))
-            .collect();
+        let mut columns: Vec<usize> = self.output_columns.iter().filter_map(|c| pick(*c)).collect();
         columns.sort_unstable();
         columns.dedup();
         columns
@@ -82,18 +78,12 @@ impl JoinDefinition {
     pub(crate) fn tracks_visited_build_rows(&self) -> bool {
         matches!(
             self.join_type,
-            JoinType::Left
-                | JoinType::Full
-                | JoinType::LeftSemi
-                | JoinType::LeftAnti
-                | JoinType::LeftMark
+            JoinType::Left | JoinType::Full | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark
         )
     }
 
     /// Whether the filter reads columns of the given side.
     pub(crate) fn filter_reads(&self, side: JoinSide) -> bool {
-        self.filter
-            .as_ref()
-            .is_some_and(|f| f.column_indices().iter().any(|c| c.side == side))
+        self.filter.as_ref().is_some_and(|f| f.column_indices().iter().any(|c| c.side == side))
     }
 }

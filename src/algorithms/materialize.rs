@@ -62,40 +62,28 @@ struct SideGather<'a, 'v, B: JoinBackend> {
 
 impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
     fn new(view: &'a SideView<'v, B>, rows: &'a SideRows<B>) -> Self {
-        Self {
-            view,
-            rows,
-            host_indices: None,
-        }
+        Self { view, rows, host_indices: None }
     }
 
-    fn column(
-        &mut self,
-        backend: &B,
-        index: usize,
-        data_type: &DataType,
-        len: usize,
-    ) -> Result<ArrayRef> {
-        let SideRows::Positions(positions) = self.rows else {
+    fn column(&mut self, backend: &B, index: usize, data_type: &DataType, len: usize) -> Result<ArrayRef> {
+        let SideRows::Positions(positions, may_hold_nulls) = self.rows else {
             return Ok(new_null_array(data_type, len));
         };
         match self.view.placements.get(index).and_then(Option::as_ref) {
             Some(ColumnPlacement::Transformed(payload)) => match self.view.payloads.get(*payload) {
-                Some(column) => backend.download_column(&backend.gather_column(column, positions)?),
+                Some(column) => backend.download_column(&backend.gather_column(column, positions, *may_hold_nulls)?),
                 None => internal_err!("transformed payload {payload} is missing"),
             },
             Some(ColumnPlacement::Device(column)) => {
-                backend.download_column(&backend.gather_column(column, positions)?)
+                backend.download_column(&backend.gather_column(column, positions, *may_hold_nulls)?)
             }
             Some(ColumnPlacement::Host) => {
                 if self.host_indices.is_none() {
                     let rows = self.view.original_rows(backend, positions)?;
                     self.host_indices = Some(positions_to_indices(&rows));
                 }
-                let indices = self
-                    .host_indices
-                    .as_ref()
-                    .ok_or_else(|| internal_datafusion_err!("host rows missing"))?;
+                let indices =
+                    self.host_indices.as_ref().ok_or_else(|| internal_datafusion_err!("host rows missing"))?;
                 Ok(take(self.view.batch.column(index).as_ref(), indices, None)?)
             }
             None => internal_err!("output column {index} was not placed"),

@@ -21,7 +21,5 @@ mod side;
 mod strategy;
 
 pub use definition::{JoinDefinition, OutputColumn};
-pub use pipeline::{
-    BuildSide, PhaseTimers, finish_build_side, join_probe_chunk, prepare_build_side,
-};
+pub use pipeline::{BuildSide, PhaseTimers, finish_build_side, join_probe_chunk, prepare_build_side};
 pub use strategy::{Algorithm, Strategy};

@@ -19,8 +19,7 @@ pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
 ) -> Result<Transformed<B, K>> {
     match algorithm {
         Algorithm::PartitionedHash => {
-            let spec =
-                PartitionSpec::for_build_rows(backend.len(keys), backend.partition_target_rows());
+            let spec = PartitionSpec::for_build_rows(backend.len(keys), backend.partition_target_rows());
             backend.partition(keys, payloads, with_row_ids, spec)
         }
         Algorithm::SortMerge => backend.sort(keys, payloads, with_row_ids),

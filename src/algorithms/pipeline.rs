@@ -94,10 +94,7 @@ impl<B: JoinBackend> BuildSide<B> {
 }
 
 fn evaluate_keys(expressions: &[PhysicalExprRef], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
-    expressions
-        .iter()
-        .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
-        .collect()
+    expressions.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect()
 }
 
 /// Whether a side must carry row ids through its transform: to map matches
@@ -127,19 +124,10 @@ pub fn prepare_build_side<B: JoinBackend>(
     let keys = evaluate_keys(&definition.build_keys, &batch)?;
     let encoder = KeyEncoder::for_build_side(&keys, definition.null_equality)?;
     let strategy = Strategy::choose(B::PREFERRED_GATHER_SPACE, definition);
-    let (placements, to_transform) = place_columns(
-        backend,
-        &batch,
-        &definition.build_output_columns(),
-        strategy.build_space,
-    )?;
-    let with_row_ids = needs_row_ids(
-        definition,
-        JoinSide::Left,
-        strategy.build_space,
-        encoder.exactness(),
-        &placements,
-    );
+    let (placements, to_transform) =
+        place_columns(backend, &batch, &definition.build_output_columns(), strategy.build_space)?;
+    let with_row_ids =
+        needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
     let relation = match encoder.encode(&keys)? {
         NormalizedKeys::U32(k) => KeyedRelation::U32(transform_build(
@@ -161,6 +149,8 @@ pub fn prepare_build_side<B: JoinBackend>(
         true => Some(backend.new_flags(batch.num_rows())?),
         false => None,
     };
+    // Every probe partition reads the build side from here on.
+    backend.finish()?;
     timer.done();
     Ok(BuildSide {
         batch,
@@ -201,12 +191,12 @@ pub fn join_probe_chunk<B: JoinBackend>(
     let normalized = build.encoder.encode(&keys)?;
     timer.done();
     match (&build.relation, normalized) {
-        (KeyedRelation::U32(relation), NormalizedKeys::U32(k)) => join_keyed_chunk(
-            backend, definition, build, relation, batch, &keys, &k, timers,
-        ),
-        (KeyedRelation::U64(relation), NormalizedKeys::U64(k)) => join_keyed_chunk(
-            backend, definition, build, relation, batch, &keys, &k, timers,
-        ),
+        (KeyedRelation::U32(relation), NormalizedKeys::U32(k)) => {
+            join_keyed_chunk(backend, definition, build, relation, batch, &keys, &k, timers)
+        }
+        (KeyedRelation::U64(relation), NormalizedKeys::U64(k)) => {
+            join_keyed_chunk(backend, definition, build, relation, batch, &keys, &k, timers)
+        }
         _ => internal_err!("probe keys were encoded in another width than the build keys"),
     }
 }
@@ -224,23 +214,11 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
 ) -> Result<RecordBatch> {
     let timer = timers.transform.timer();
     let space = build.strategy.probe_space;
-    let (placements, to_transform) =
-        place_columns(backend, &batch, &definition.probe_output_columns(), space)?;
-    let with_row_ids = needs_row_ids(
-        definition,
-        JoinSide::Right,
-        space,
-        build.encoder.exactness(),
-        &placements,
-    );
+    let (placements, to_transform) = place_columns(backend, &batch, &definition.probe_output_columns(), space)?;
+    let with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let probe_relation = transform_probe(
-        backend,
-        build_relation.layout,
-        &backend.upload(keys)?,
-        &payloads,
-        with_row_ids,
-    )?;
+    let probe_relation =
+        transform_probe(backend, build_relation.layout, &backend.upload(keys)?, &payloads, with_row_ids)?;
     drop(payloads);
     drop(to_transform);
     timer.done();
@@ -255,27 +233,10 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         placements: &placements,
         payloads: &probe_relation.payloads,
     };
-    let candidates = find_matches(
-        backend,
-        build_relation,
-        &probe_relation,
-        (build.strategy.build_space, space),
-    )?;
-    let matches = residual::apply(
-        backend,
-        definition,
-        build.encoder.exactness(),
-        &build_view,
-        &probe_view,
-        candidates,
-    )?;
-    let rows = resolve_probe_chunk(
-        backend,
-        definition,
-        matches,
-        probe_relation.rows,
-        build.visited.as_ref(),
-    )?;
+    let candidates = find_matches(backend, build_relation, &probe_relation, (build.strategy.build_space, space))?;
+    let matches =
+        residual::apply(backend, definition, build.encoder.exactness(), &build_view, &probe_view, candidates)?;
+    let rows = resolve_probe_chunk(backend, definition, matches, probe_relation.rows, build.visited.as_ref())?;
     timer.done();
 
     let _timer = timers.materialize.timer();
@@ -295,14 +256,6 @@ pub fn finish_build_side<B: JoinBackend>(
     };
     let _timer = timers.materialize.timer();
     let view = build.view();
-    let rows = build_side_rows(
-        backend,
-        definition,
-        &view,
-        visited,
-        build.rows(),
-        build.null_aware.summary(),
-    )?;
-    rows.map(|rows| output_batch(backend, definition, &rows, &view, None))
-        .transpose()
+    let rows = build_side_rows(backend, definition, &view, visited, build.rows(), build.null_aware.summary())?;
+    rows.map(|rows| output_batch(backend, definition, &rows, &view, None)).transpose()
 }

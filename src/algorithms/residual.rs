@@ -35,24 +35,10 @@ pub(crate) fn apply<B: JoinBackend>(
     let probe_rows = probe.original_rows(backend, &candidates.probe)?;
     let mut keep = vec![true; count];
     if verify {
-        verify_candidates(
-            build.keys,
-            probe.keys,
-            &build_rows,
-            &probe_rows,
-            definition.null_equality,
-            &mut keep,
-        )?;
+        verify_candidates(build.keys, probe.keys, &build_rows, &probe_rows, definition.null_equality, &mut keep)?;
     }
     if let Some(filter) = &definition.filter {
-        apply_filter(
-            filter,
-            build.batch,
-            probe.batch,
-            &build_rows,
-            &probe_rows,
-            &mut keep,
-        )?;
+        apply_filter(filter, build.batch, probe.batch, &build_rows, &probe_rows, &mut keep)?;
     }
     if keep.iter().all(|k| *k) {
         return Ok(candidates);
@@ -74,12 +60,7 @@ fn apply_filter(
     probe_rows: &[u32],
     keep: &mut [bool],
 ) -> Result<()> {
-    let pending: Vec<usize> = keep
-        .iter()
-        .enumerate()
-        .filter(|(_, k)| **k)
-        .map(|(i, _)| i)
-        .collect();
+    let pending: Vec<usize> = keep.iter().enumerate().filter(|(_, k)| **k).map(|(i, _)| i).collect();
     for slice in pending.chunks(FILTER_SLICE_ROWS) {
         let build_indices: UInt32Array = slice.iter().map(|&i| build_rows[i]).collect();
         let probe_indices: UInt32Array = slice.iter().map(|&i| probe_rows[i]).collect();
@@ -100,15 +81,9 @@ fn apply_filter(
             columns,
             &RecordBatchOptions::new().with_row_count(Some(slice.len())),
         )?;
-        let result = filter
-            .expression()
-            .evaluate(&intermediate)?
-            .into_array(slice.len())?;
+        let result = filter.expression().evaluate(&intermediate)?.into_array(slice.len())?;
         let Some(passed) = result.as_boolean_opt() else {
-            return internal_err!(
-                "join filter returned {} instead of Boolean",
-                result.data_type()
-            );
+            return internal_err!("join filter returned {} instead of Boolean", result.data_type());
         };
         for (j, &i) in slice.iter().enumerate() {
             keep[i] = passed.is_valid(j) && passed.value(j);

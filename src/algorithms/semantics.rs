@@ -15,7 +15,8 @@ use crate::backend::{Candidates, JoinBackend};
 /// The rows of one side of the output.
 pub(crate) enum SideRows<B: JoinBackend> {
     /// Positions in the side's space; null positions give null values.
-    Positions(B::Vector<u32>),
+    /// The flag tells whether any position may be null (outer padding).
+    Positions(B::Vector<u32>, bool),
     /// Every value is null (the padding of unmatched build rows), or the
     /// side has no output columns.
     Null,
@@ -32,41 +33,27 @@ pub(crate) struct OutputRows<B: JoinBackend> {
 impl<B: JoinBackend> OutputRows<B> {
     fn pairs(backend: &B, build: B::Vector<u32>, probe: B::Vector<u32>) -> Self {
         let len = backend.len(&probe);
-        Self {
-            build: SideRows::Positions(build),
-            probe: SideRows::Positions(probe),
-            mark: None,
-            len,
-        }
+        Self { build: SideRows::Positions(build, false), probe: SideRows::Positions(probe, false), mark: None, len }
+    }
+
+    /// Pairs whose build side is padded with null positions.
+    fn padded_pairs(backend: &B, build: B::Vector<u32>, probe: B::Vector<u32>) -> Self {
+        let len = backend.len(&probe);
+        Self { build: SideRows::Positions(build, true), probe: SideRows::Positions(probe, false), mark: None, len }
     }
 
     fn build_only(backend: &B, build: B::Vector<u32>, mark: Option<Vec<bool>>) -> Self {
         let len = backend.len(&build);
-        Self {
-            build: SideRows::Positions(build),
-            probe: SideRows::Null,
-            mark,
-            len,
-        }
+        Self { build: SideRows::Positions(build, false), probe: SideRows::Null, mark, len }
     }
 
     fn probe_only(backend: &B, probe: B::Vector<u32>, mark: Option<Vec<bool>>) -> Self {
         let len = backend.len(&probe);
-        Self {
-            build: SideRows::Null,
-            probe: SideRows::Positions(probe),
-            mark,
-            len,
-        }
+        Self { build: SideRows::Null, probe: SideRows::Positions(probe, false), mark, len }
     }
 
     fn empty() -> Self {
-        Self {
-            build: SideRows::Null,
-            probe: SideRows::Null,
-            mark: None,
-            len: 0,
-        }
+        Self { build: SideRows::Null, probe: SideRows::Null, mark: None, len: 0 }
     }
 }
 
@@ -87,13 +74,11 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
         Ok(flags)
     };
     let rows = match definition.join_type {
-        JoinType::Inner | JoinType::Left => {
-            OutputRows::pairs(backend, matches.build, matches.probe)
-        }
+        JoinType::Inner | JoinType::Left => OutputRows::pairs(backend, matches.build, matches.probe),
         JoinType::Right | JoinType::Full => {
             let unmatched = backend.flagged(&probe_flags(backend, &matches)?, false)?;
             let padding = backend.null_positions(backend.len(&unmatched))?;
-            OutputRows::pairs(
+            OutputRows::padded_pairs(
                 backend,
                 backend.concat(&matches.build, &padding)?,
                 backend.concat(&matches.probe, &unmatched)?,
@@ -119,9 +104,12 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
 /// Reorders pairs by probe row; flag-derived outputs are already ascending.
 fn in_probe_order<B: JoinBackend>(backend: &B, rows: OutputRows<B>) -> Result<OutputRows<B>> {
     match (&rows.build, &rows.probe) {
-        (SideRows::Positions(build), SideRows::Positions(probe)) => {
+        (SideRows::Positions(build, padded), SideRows::Positions(probe, _)) => {
             let (probe, build) = backend.sort_pairs(probe, build)?;
-            Ok(OutputRows::pairs(backend, build, probe))
+            Ok(match padded {
+                true => OutputRows::padded_pairs(backend, build, probe),
+                false => OutputRows::pairs(backend, build, probe),
+            })
         }
         _ => Ok(rows),
     }
@@ -138,12 +126,8 @@ pub(crate) fn build_side_rows<B: JoinBackend>(
     probe_seen: ProbeSummary,
 ) -> Result<Option<OutputRows<B>>> {
     Ok(Some(match definition.join_type {
-        JoinType::Left | JoinType::Full => {
-            OutputRows::build_only(backend, backend.flagged(visited, false)?, None)
-        }
-        JoinType::LeftSemi => {
-            OutputRows::build_only(backend, backend.flagged(visited, true)?, None)
-        }
+        JoinType::Left | JoinType::Full => OutputRows::build_only(backend, backend.flagged(visited, false)?, None),
+        JoinType::LeftSemi => OutputRows::build_only(backend, backend.flagged(visited, true)?, None),
         JoinType::LeftAnti if definition.null_aware => {
             // NOT IN: a NULL in the subquery makes every comparison unknown,
             // and a NULL outer key is unknown against a non-empty subquery.
@@ -151,16 +135,10 @@ pub(crate) fn build_side_rows<B: JoinBackend>(
                 return Ok(None);
             }
             let unmatched = backend.flagged(visited, false)?;
-            let unmatched = if probe_seen.non_empty {
-                drop_null_keys(backend, build, unmatched)?
-            } else {
-                unmatched
-            };
+            let unmatched = if probe_seen.non_empty { drop_null_keys(backend, build, unmatched)? } else { unmatched };
             OutputRows::build_only(backend, unmatched, None)
         }
-        JoinType::LeftAnti => {
-            OutputRows::build_only(backend, backend.flagged(visited, false)?, None)
-        }
+        JoinType::LeftAnti => OutputRows::build_only(backend, backend.flagged(visited, false)?, None),
         JoinType::LeftMark => {
             let mark = backend.download_flags(visited)?;
             OutputRows::build_only(backend, backend.sequence(build_rows)?, Some(mark))
@@ -183,9 +161,6 @@ fn drop_null_keys<B: JoinBackend>(
 ) -> Result<B::Vector<u32>> {
     let rows = build.original_rows(backend, &positions)?;
     let key = &build.keys[0];
-    let keep: Vec<u8> = rows
-        .iter()
-        .map(|&r| u8::from(key.is_valid(r as usize)))
-        .collect();
+    let keep: Vec<u8> = rows.iter().map(|&r| u8::from(key.is_valid(r as usize))).collect();
     backend.select(&positions, &backend.upload(&keep)?)
 }

@@ -27,8 +27,7 @@ pub(crate) fn place_columns<B: JoinBackend>(
     columns: &[usize],
     space: Space,
 ) -> Result<(Vec<Option<ColumnPlacement<B::Column>>>, Vec<B::Column>)> {
-    let mut placements: Vec<Option<ColumnPlacement<B::Column>>> =
-        (0..batch.num_columns()).map(|_| None).collect();
+    let mut placements: Vec<Option<ColumnPlacement<B::Column>>> = (0..batch.num_columns()).map(|_| None).collect();
     let mut to_transform = vec![];
     for &i in columns {
         let column = batch.column(i);
@@ -46,9 +45,7 @@ pub(crate) fn place_columns<B: JoinBackend>(
 
 /// Whether any needed column of a side is gathered on the host.
 pub(crate) fn has_host_columns<C>(placements: &[Option<ColumnPlacement<C>>]) -> bool {
-    placements
-        .iter()
-        .any(|p| matches!(p, Some(ColumnPlacement::Host)))
+    placements.iter().any(|p| matches!(p, Some(ColumnPlacement::Host)))
 }
 
 pub(crate) struct SideView<'a, B: JoinBackend> {
@@ -65,9 +62,7 @@ impl<B: JoinBackend> SideView<'_, B> {
     pub fn original_rows(&self, backend: &B, positions: &B::Vector<u32>) -> Result<Vec<u32>> {
         match (self.space, self.row_ids) {
             (Space::Original, _) => backend.download(positions),
-            (Space::Transformed, Some(row_ids)) => {
-                backend.download(&backend.gather_positions(row_ids, positions)?)
-            }
+            (Space::Transformed, Some(row_ids)) => backend.download(&backend.gather_positions(row_ids, positions)?),
             (Space::Transformed, None) => {
                 internal_err!("original rows asked for a side transformed without row ids")
             }

@@ -42,16 +42,8 @@ impl Strategy {
         };
         // Probe order is kept by gathering probe payloads by row id in row
         // order, so the probe side then reads its original rows.
-        let probe_space = if definition.preserve_probe_order {
-            Space::Original
-        } else {
-            preferred
-        };
-        Self {
-            algorithm,
-            build_space: preferred,
-            probe_space,
-        }
+        let probe_space = if definition.preserve_probe_order { Space::Original } else { preferred };
+        Self { algorithm, build_space: preferred, probe_space }
     }
 
     /// `PHJ-OM`, `SMJ-UM`, … as in the paper; mixed sides read e.g. `PHJ-OM/UM`.
@@ -67,11 +59,7 @@ impl Strategy {
         if self.build_space == self.probe_space {
             format!("{algorithm}-{}", pattern(self.build_space))
         } else {
-            format!(
-                "{algorithm}-{}/{}",
-                pattern(self.build_space),
-                pattern(self.probe_space)
-            )
+            format!("{algorithm}-{}/{}", pattern(self.build_space), pattern(self.probe_space))
         }
     }
 }

@@ -12,7 +12,10 @@
 
 mod counters;
 pub mod cpu;
-mod cuda;
+pub mod cuda;
+
+pub use cuda::compile_kernels as compile_cuda_kernels;
+use cuda::{CudaBackend, CudaDevice};
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -30,28 +33,30 @@ use crate::keys::NormalizedKey;
 #[derive(Debug, Clone)]
 pub enum BackendHandle {
     Cpu,
+    Cuda(Arc<CudaDevice>),
 }
 
 impl BackendHandle {
     pub fn name(&self) -> &'static str {
         match self {
             BackendHandle::Cpu => "cpu",
+            BackendHandle::Cuda(_) => "cuda",
         }
     }
 
     pub fn preferred_gather_space(&self) -> Space {
         match self {
             BackendHandle::Cpu => cpu::CpuBackend::PREFERRED_GATHER_SPACE,
+            BackendHandle::Cuda(_) => CudaBackend::PREFERRED_GATHER_SPACE,
         }
     }
 }
 
-/// The CUDA backend for the session's device, or why there is none.
-pub fn cuda_backend(
-    _options: &crate::config::GpuJoinConfig,
-) -> std::result::Result<BackendHandle, String> {
-    cuda::probe_libraries()?;
-    Err("this build has no CUDA backend".to_string())
+/// The CUDA backend for the session's device, or why there is none. The
+/// device is opened once per process (kernels compiled or read from the
+/// cache); its memory budget follows `gpu_join.memory_limit`.
+pub fn cuda_backend(options: &crate::config::GpuJoinConfig) -> std::result::Result<BackendHandle, String> {
+    cuda::open_device(options).map(BackendHandle::Cuda)
 }
 
 /// Types that backend vectors hold.
@@ -65,10 +70,7 @@ pub const NULL_POSITION: u32 = u32::MAX;
 
 /// Positions as an Arrow index array, null where the position is null.
 pub fn positions_to_indices(positions: &[u32]) -> UInt32Array {
-    positions
-        .iter()
-        .map(|&p| (p != NULL_POSITION).then_some(p))
-        .collect()
+    positions.iter().map(|&p| (p != NULL_POSITION).then_some(p)).collect()
 }
 
 /// The most rows one relation or probe chunk may have: positions are `u32`
@@ -104,9 +106,7 @@ impl PartitionSpec {
     pub fn for_build_rows(build_rows: usize, target_rows: usize) -> Self {
         let partitions = build_rows.div_ceil(target_rows.max(1)).max(1);
         let bits = usize::BITS - (partitions - 1).leading_zeros();
-        Self {
-            bits: bits.min(Self::MAX_BITS),
-        }
+        Self { bits: bits.min(Self::MAX_BITS) }
     }
 
     /// Partitions holding matchable keys; one more holds unmatchable keys.
@@ -184,6 +184,9 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn name(&self) -> &'static str;
     /// Transfer and memory counters of the join this backend instance serves.
     fn counters(&self) -> &DeviceCounters;
+    /// Waits until every primitive issued so far has finished, so that its
+    /// results may be shared with other instances (other partitions).
+    fn finish(&self) -> Result<()>;
     /// Build partitions are sized to hold about this many rows.
     fn partition_target_rows(&self) -> usize;
 
@@ -236,33 +239,23 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
 
     // ---- gather and compaction ----
     /// `values[positions[i]]`, and [`NULL_POSITION`] where the position is null.
-    fn gather_positions(
-        &self,
-        values: &Self::Vector<u32>,
-        positions: &Self::Vector<u32>,
-    ) -> Result<Self::Vector<u32>>;
+    fn gather_positions(&self, values: &Self::Vector<u32>, positions: &Self::Vector<u32>) -> Result<Self::Vector<u32>>;
     /// Rows `positions` of `column`; a null position gives a null value.
+    /// `may_hold_nulls` is false when no position is null.
     fn gather_column(
         &self,
         column: &Self::Column,
         positions: &Self::Vector<u32>,
+        may_hold_nulls: bool,
     ) -> Result<Self::Column>;
     /// The elements whose `keep` byte is non-zero, in order.
-    fn select(
-        &self,
-        values: &Self::Vector<u32>,
-        keep: &Self::Vector<u8>,
-    ) -> Result<Self::Vector<u32>>;
+    fn select(&self, values: &Self::Vector<u32>, keep: &Self::Vector<u8>) -> Result<Self::Vector<u32>>;
     /// `0, 1, .., len - 1`.
     fn sequence(&self, len: usize) -> Result<Self::Vector<u32>>;
     /// `len` null positions.
     fn null_positions(&self, len: usize) -> Result<Self::Vector<u32>>;
     /// `first` followed by `second`.
-    fn concat(
-        &self,
-        first: &Self::Vector<u32>,
-        second: &Self::Vector<u32>,
-    ) -> Result<Self::Vector<u32>>;
+    fn concat(&self, first: &Self::Vector<u32>, second: &Self::Vector<u32>) -> Result<Self::Vector<u32>>;
     /// Stable sort of pairs by `keys`; returns the reordered keys and values.
     fn sort_pairs(
         &self,

@@ -10,13 +10,7 @@ impl GpuJoinExec {
     fn projection_text(&self) -> Option<String> {
         let projection = self.cpu_equivalent().projection.as_ref()?;
         let schema = self.cpu_equivalent().join_schema();
-        Some(
-            projection
-                .iter()
-                .map(|&i| format!("{}@{i}", schema.field(i).name()))
-                .collect::<Vec<_>>()
-                .join(", "),
-        )
+        Some(projection.iter().map(|&i| format!("{}@{i}", schema.field(i).name())).collect::<Vec<_>>().join(", "))
     }
 }
 
@@ -25,12 +19,7 @@ impl DisplayAs for GpuJoinExec {
         let strategy = self.strategy();
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
-                let on = self
-                    .on()
-                    .iter()
-                    .map(|(l, r)| format!("({l}, {r})"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let on = self.on().iter().map(|(l, r)| format!("({l}, {r})")).collect::<Vec<_>>().join(", ");
                 write!(
                     f,
                     "GpuJoinExec: backend={}, algorithm={}, mode={:?}, join_type={:?}, on=[{on}]",

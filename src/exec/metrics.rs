@@ -1,8 +1,6 @@
 //! What `EXPLAIN ANALYZE` shows for a GPU join, per output partition.
 
-use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
-};
+use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time};
 
 use crate::algorithms::PhaseTimers;
 use crate::backend::DeviceCounters;
@@ -42,10 +40,8 @@ impl GpuJoinMetrics {
 
     /// Adds what the backend counted while serving this partition.
     pub fn record_device(&self, counters: &DeviceCounters) {
-        self.bytes_to_device
-            .add(counters.bytes_to_device() as usize);
-        self.bytes_from_device
-            .add(counters.bytes_from_device() as usize);
+        self.bytes_to_device.add(counters.bytes_to_device() as usize);
+        self.bytes_from_device.add(counters.bytes_from_device() as usize);
         self.peak_device_memory.set_max(counters.peak() as usize);
     }
 }

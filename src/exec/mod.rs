@@ -24,8 +24,8 @@ use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
-    ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements, PlanProperties,
-    SendableRecordBatchStream, Statistics, apply_expression_roots,
+    ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements, PlanProperties, SendableRecordBatchStream,
+    Statistics, apply_expression_roots,
 };
 
 use crate::algorithms::{JoinDefinition, Strategy};
@@ -74,32 +74,15 @@ impl GpuJoinExec {
         }
         let twin = Arc::new(join.builder().reset_state().build()?);
         let definition = Arc::new(Self::definition(&twin, options)?);
-        let runner = runner_for(
-            &backend,
-            Arc::clone(&definition),
-            twin.right().output_partitioning().partition_count(),
-        );
-        Ok(Self {
-            twin,
-            definition,
-            backend,
-            replaces,
-            runner,
-            metrics: ExecutionPlanMetricsSet::new(),
-        })
+        let runner =
+            runner_for(&backend, Arc::clone(&definition), twin.right().output_partitioning().partition_count());
+        Ok(Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new() })
     }
 
     fn definition(twin: &HashJoinExec, options: &GpuJoinConfig) -> Result<JoinDefinition> {
-        let (_, column_indices) = build_join_schema(
-            &twin.left().schema(),
-            &twin.right().schema(),
-            twin.join_type(),
-        );
+        let (_, column_indices) = build_join_schema(&twin.left().schema(), &twin.right().schema(), twin.join_type());
         let column_indices = match &twin.projection {
-            Some(projection) => projection
-                .iter()
-                .map(|&i| column_indices[i].clone())
-                .collect(),
+            Some(projection) => projection.iter().map(|&i| column_indices[i].clone()).collect(),
             None => column_indices,
         };
         Ok(JoinDefinition {
@@ -126,11 +109,8 @@ impl GpuJoinExec {
                 && twin.right().output_ordering().is_some(),
             ..self.definition.as_ref().clone()
         });
-        let runner = runner_for(
-            &self.backend,
-            Arc::clone(&definition),
-            twin.right().output_partitioning().partition_count(),
-        );
+        let runner =
+            runner_for(&self.backend, Arc::clone(&definition), twin.right().output_partitioning().partition_count());
         Self {
             twin,
             definition,
@@ -217,11 +197,7 @@ impl ExecutionPlan for GpuJoinExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        let keys = self
-            .twin
-            .on()
-            .iter()
-            .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]);
+        let keys = self.twin.on().iter().flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]);
         let filter = self.twin.filter().map(|f| Arc::clone(f.expression()));
         apply_expression_roots(keys.chain(filter), f)
     }
@@ -236,46 +212,28 @@ impl ExecutionPlan for GpuJoinExec {
             ChildrenPropertiesMode::Keep => builder,
             ChildrenPropertiesMode::Recompute => builder.recompute_properties(),
         };
-        Ok(Arc::new(
-            self.with_twin(builder.with_new_children(children)?.build()?),
-        ))
+        Ok(Arc::new(self.with_twin(builder.with_new_children(children)?.build()?)))
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(
-            self.with_twin(self.twin.builder().reset_state().build()?),
-        ))
+        Ok(Arc::new(self.with_twin(self.twin.builder().reset_state().build()?)))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let mode = self.partition_mode();
-        let (left_partitions, right_partitions) = (
-            self.left().output_partitioning().partition_count(),
-            self.right().output_partitioning().partition_count(),
-        );
+        let (left_partitions, right_partitions) =
+            (self.left().output_partitioning().partition_count(), self.right().output_partitioning().partition_count());
         if mode == PartitionMode::Partitioned && left_partitions != right_partitions {
             return internal_err!(
                 "GpuJoinExec: {left_partitions} build partitions but {right_partitions} probe partitions"
             );
         }
         if mode == PartitionMode::CollectLeft && left_partitions != 1 {
-            return internal_err!(
-                "GpuJoinExec: CollectLeft needs one build partition, got {left_partitions}"
-            );
+            return internal_err!("GpuJoinExec: CollectLeft needs one build partition, got {left_partitions}");
         }
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,

@@ -23,6 +23,7 @@ use tokio::sync::OnceCell;
 use super::metrics::GpuJoinMetrics;
 use super::stream::{run_blocking, run_partition};
 use crate::algorithms::{BuildSide, JoinDefinition, prepare_build_side};
+use crate::backend::cuda::CudaBackend;
 use crate::backend::{BackendHandle, JoinBackend, cpu::CpuBackend};
 
 /// What one output partition needs to run.
@@ -48,6 +49,9 @@ pub(crate) fn runner_for(
 ) -> Arc<dyn JoinRunner> {
     match backend {
         BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new((), definition, probe_partitions)),
+        BackendHandle::Cuda(device) => {
+            Arc::new(Runner::<CudaBackend>::new(Arc::clone(device), definition, probe_partitions))
+        }
     }
 }
 
@@ -68,9 +72,7 @@ pub(crate) struct Runner<B: JoinBackend> {
 
 impl<B: JoinBackend> fmt::Debug for Runner<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Runner")
-            .field("device", &self.device)
-            .finish_non_exhaustive()
+        f.debug_struct("Runner").field("device", &self.device).finish_non_exhaustive()
     }
 }
 
@@ -90,19 +92,11 @@ impl<B: JoinBackend> Runner<B> {
 
     /// The build side of a partition: collected once and shared in
     /// `CollectLeft` mode, or this partition's own in `Partitioned` mode.
-    pub async fn build_side(
-        &self,
-        backend: &B,
-        inputs: &PartitionInputs,
-    ) -> Result<Arc<PreparedBuild<B>>> {
+    pub async fn build_side(&self, backend: &B, inputs: &PartitionInputs) -> Result<Arc<PreparedBuild<B>>> {
         match inputs.mode {
             PartitionMode::CollectLeft => self
                 .collected_build
-                .get_or_init(|| async {
-                    self.collect_build(backend, inputs, 0)
-                        .await
-                        .map_err(Arc::new)
-                })
+                .get_or_init(|| async { self.collect_build(backend, inputs, 0).await.map_err(Arc::new) })
                 .await
                 .clone()
                 .map_err(DataFusionError::Shared),
@@ -117,11 +111,9 @@ impl<B: JoinBackend> Runner<B> {
         partition: usize,
     ) -> Result<Arc<PreparedBuild<B>>> {
         let timer = inputs.metrics.build_collect_time.timer();
-        let reservation = MemoryConsumer::new(format!("GpuJoinBuild[{partition}]"))
-            .register(inputs.context.memory_pool());
-        let stream = inputs
-            .left
-            .execute(partition, Arc::clone(&inputs.context))?;
+        let reservation =
+            MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
+        let stream = inputs.left.execute(partition, Arc::clone(&inputs.context))?;
         let batches: Vec<_> = stream
             .and_then(|batch| {
                 let grown = reservation.try_grow(batch.get_array_memory_size());
@@ -134,20 +126,13 @@ impl<B: JoinBackend> Runner<B> {
         inputs.metrics.build_rows.add(batch.num_rows());
         timer.done();
 
-        let (backend, definition, timers) = (
-            backend.clone(),
-            Arc::clone(&self.definition),
-            inputs.metrics.phases.clone(),
-        );
+        let (backend, definition, timers) =
+            (backend.clone(), Arc::clone(&self.definition), inputs.metrics.phases.clone());
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-        let side = run_blocking("preparing the build side", move || {
-            prepare_build_side(&backend, &definition, batch, &timers)
-        })
-        .await?;
-        Ok(Arc::new(PreparedBuild {
-            side,
-            _reservation: reservation,
-        }))
+        let side =
+            run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, batch, &timers))
+                .await?;
+        Ok(Arc::new(PreparedBuild { side, _reservation: reservation }))
     }
 
     /// Records that a probe partition has seen all its input; true for the

@@ -24,9 +24,7 @@ pub(crate) async fn run_blocking<T: Send + 'static>(
     what: &'static str,
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| exec_datafusion_err!("GPU join failed while {what}: {e}"))?
+    tokio::task::spawn_blocking(work).await.map_err(|e| exec_datafusion_err!("GPU join failed while {what}: {e}"))?
 }
 
 pub(crate) async fn run_partition<B: JoinBackend>(
@@ -50,48 +48,29 @@ async fn join_partition<B: JoinBackend>(
     let backend = runner.open_backend(Arc::clone(counters))?;
     let build = runner.build_side(&backend, inputs).await?;
     let options = GpuJoinConfig::from_config(inputs.context.session_config().options());
-    let mut staging = ProbeStaging::new(
-        inputs.right.schema(),
-        options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS),
-    );
-    let mut output = OutputSender::new(
-        tx,
-        inputs.context.session_config().batch_size(),
-        inputs.fetch,
-        inputs,
-    );
-    let mut probe = inputs
-        .right
-        .execute(inputs.partition, Arc::clone(&inputs.context))?;
+    let mut staging = ProbeStaging::new(inputs.right.schema(), options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS));
+    let mut output = OutputSender::new(tx, inputs.context.session_config().batch_size(), inputs.fetch, inputs);
+    let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
 
     while let Some(batch) = probe.next().await {
         let batch = batch?;
         inputs.metrics.probe_rows.add(batch.num_rows());
         for chunk in staging.push(batch)? {
-            if !output
-                .send(join_chunk(runner, &backend, &build, chunk, inputs).await?)
-                .await
-            {
+            if !output.send(join_chunk(runner, &backend, &build, chunk, inputs).await?).await {
                 return Ok(());
             }
         }
     }
     if let Some(chunk) = staging.finish()? {
-        if !output
-            .send(join_chunk(runner, &backend, &build, chunk, inputs).await?)
-            .await
-        {
+        if !output.send(join_chunk(runner, &backend, &build, chunk, inputs).await?).await {
             return Ok(());
         }
     }
     drop(probe);
 
     if runner.definition.tracks_visited_build_rows() && runner.finish_probe(inputs.mode) {
-        let (backend, definition, timers) = (
-            backend.clone(),
-            Arc::clone(&runner.definition),
-            inputs.metrics.phases.clone(),
-        );
+        let (backend, definition, timers) =
+            (backend.clone(), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
         let build = Arc::clone(&build);
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let rows = run_blocking("emitting build-side rows", move || {
@@ -112,17 +91,12 @@ async fn join_chunk<B: JoinBackend>(
     chunk: RecordBatch,
     inputs: &PartitionInputs,
 ) -> Result<RecordBatch> {
-    let (backend, definition, timers) = (
-        backend.clone(),
-        Arc::clone(&runner.definition),
-        inputs.metrics.phases.clone(),
-    );
+    let (backend, definition, timers) =
+        (backend.clone(), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    run_blocking("joining a probe chunk", move || {
-        join_probe_chunk(&backend, &definition, &build.side, chunk, &timers)
-    })
-    .await
+    run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build.side, chunk, &timers))
+        .await
 }
 
 /// Gathers probe batches into chunks of exactly `chunk_rows` rows (the last
@@ -136,12 +110,7 @@ struct ProbeStaging {
 
 impl ProbeStaging {
     fn new(schema: SchemaRef, chunk_rows: usize) -> Self {
-        Self {
-            schema,
-            chunk_rows,
-            batches: vec![],
-            rows: 0,
-        }
+        Self { schema, chunk_rows, batches: vec![], rows: 0 }
     }
 
     fn push(&mut self, mut batch: RecordBatch) -> Result<Vec<RecordBatch>> {
@@ -186,12 +155,7 @@ impl<'a> OutputSender<'a> {
         fetch: Option<usize>,
         inputs: &'a PartitionInputs,
     ) -> Self {
-        Self {
-            tx,
-            batch_size: batch_size.max(1),
-            remaining: fetch,
-            inputs,
-        }
+        Self { tx, batch_size: batch_size.max(1), remaining: fetch, inputs }
     }
 
     /// False once no more output is wanted: the fetch is reached or the

@@ -120,10 +120,7 @@ impl KeyEncoder {
             Some(layout) => Scheme::Packed(layout),
             None => Scheme::Hashed,
         };
-        Ok(Self {
-            scheme,
-            null_equality,
-        })
+        Ok(Self { scheme, null_equality })
     }
 
     pub fn exactness(&self) -> KeyExactness {
@@ -167,8 +164,7 @@ impl KeyEncoder {
                 if self.null_equality == NullEquality::NullEqualsNothing {
                     for key in keys {
                         if let Some(nulls) = key.logical_nulls() {
-                            for row in nulls.iter().enumerate().filter(|(_, v)| !v).map(|(i, _)| i)
-                            {
+                            for row in nulls.iter().enumerate().filter(|(_, v)| !v).map(|(i, _)| i) {
                                 hashes[row] = u64::UNMATCHABLE;
                             }
                         }

@@ -163,20 +163,13 @@ where
 
 /// Bits needed to store codes `0..count`.
 fn bits_for(count: u128) -> u32 {
-    if count <= 1 {
-        0
-    } else {
-        128 - (count - 1).leading_zeros()
-    }
+    if count <= 1 { 0 } else { 128 - (count - 1).leading_zeros() }
 }
 
 impl PackedLayout {
     /// A layout for these build-side key columns, or `None` when a column is
     /// not integer-like or the ranges do not fit in 63 bits.
-    pub(super) fn try_new(
-        build_keys: &[ArrayRef],
-        null_equality: NullEquality,
-    ) -> Result<Option<Self>> {
+    pub(super) fn try_new(build_keys: &[ArrayRef], null_equality: NullEquality) -> Result<Option<Self>> {
         let null_slot = null_equality == NullEquality::NullEqualsNull;
         let mut columns = Vec::with_capacity(build_keys.len());
         for key in build_keys {
@@ -197,17 +190,10 @@ impl PackedLayout {
             if bits > MAX_PACKED_BITS {
                 return Ok(None);
             }
-            columns.push(PackedColumn {
-                range,
-                null_slot,
-                bits,
-            });
+            columns.push(PackedColumn { range, null_slot, bits });
         }
         let total_bits: u32 = columns.iter().map(|c| c.bits).sum();
-        Ok((total_bits <= MAX_PACKED_BITS).then_some(Self {
-            columns,
-            total_bits,
-        }))
+        Ok((total_bits <= MAX_PACKED_BITS).then_some(Self { columns, total_bits }))
     }
 
     pub(super) fn total_bits(&self) -> u32 {
@@ -218,23 +204,13 @@ impl PackedLayout {
         self.total_bits <= MAX_U32_BITS
     }
 
-    pub(super) fn encode(
-        &self,
-        keys: &[ArrayRef],
-        rows: usize,
-        null_equality: NullEquality,
-    ) -> Result<NormalizedKeys> {
-        debug_assert_eq!(
-            null_equality == NullEquality::NullEqualsNull,
-            self.columns.iter().all(|c| c.null_slot)
-        );
+    pub(super) fn encode(&self, keys: &[ArrayRef], rows: usize, null_equality: NullEquality) -> Result<NormalizedKeys> {
+        debug_assert_eq!(null_equality == NullEquality::NullEqualsNull, self.columns.iter().all(|c| c.null_slot));
         let mut codes = vec![0u64; rows];
         for (column, key) in self.columns.iter().zip(keys) {
             if key.data_type() == &DataType::Boolean {
                 let typed = key.as_boolean();
-                column.append(&mut codes, |row| {
-                    typed.is_valid(row).then(|| i128::from(typed.value(row)))
-                });
+                column.append(&mut codes, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
             } else {
                 with_integer_array!(
                     key.as_ref(),
@@ -244,12 +220,7 @@ impl PackedLayout {
             }
         }
         Ok(if self.fits_u32() {
-            NormalizedKeys::U32(
-                codes
-                    .into_iter()
-                    .map(|c| if c == u64::MAX { u32::MAX } else { c as u32 })
-                    .collect(),
-            )
+            NormalizedKeys::U32(codes.into_iter().map(|c| if c == u64::MAX { u32::MAX } else { c as u32 }).collect())
         } else {
             NormalizedKeys::U64(codes)
         })

@@ -1,1 +1,108 @@
+use std::sync::Arc;
 
+use arrow::array::{ArrayRef, BooleanArray, Decimal128Array, Int32Array, Int64Array, StringArray, UInt64Array};
+use datafusion::common::NullEquality;
+
+use super::*;
+
+fn encode(
+    build: Vec<ArrayRef>,
+    probe: Vec<ArrayRef>,
+    nulls: NullEquality,
+) -> (KeyEncoder, NormalizedKeys, NormalizedKeys) {
+    let encoder = KeyEncoder::for_build_side(&build, nulls).unwrap();
+    let (b, p) = (encoder.encode(&build).unwrap(), encoder.encode(&probe).unwrap());
+    (encoder, b, p)
+}
+
+#[test]
+fn small_integer_ranges_pack_into_32_bits() {
+    let build: ArrayRef = Arc::new(Int64Array::from(vec![Some(-5), Some(10), None, Some(0)]));
+    let probe: ArrayRef = Arc::new(Int64Array::from(vec![Some(10), Some(-6), Some(11), None, Some(-5)]));
+    let (encoder, b, p) = encode(vec![build], vec![probe], NullEquality::NullEqualsNothing);
+    assert_eq!(encoder.exactness(), KeyExactness::Exact);
+    assert_eq!(encoder.key_bits(), 32);
+    // value - min; NULLs and values outside the build range cannot match
+    assert_eq!(b, NormalizedKeys::U32(vec![0, 15, u32::MAX, 5]));
+    assert_eq!(p, NormalizedKeys::U32(vec![15, u32::MAX, u32::MAX, u32::MAX, 0]));
+}
+
+#[test]
+fn null_equals_null_reserves_code_zero() {
+    let build: ArrayRef = Arc::new(Int32Array::from(vec![Some(7), None]));
+    let probe: ArrayRef = Arc::new(Int32Array::from(vec![None, Some(7), Some(8)]));
+    let (_, b, p) = encode(vec![build], vec![probe], NullEquality::NullEqualsNull);
+    assert_eq!(b, NormalizedKeys::U32(vec![1, 0]));
+    assert_eq!(p, NormalizedKeys::U32(vec![0, 1, u32::MAX]));
+}
+
+#[test]
+fn composite_keys_pack_in_column_order() {
+    let build: Vec<ArrayRef> =
+        vec![Arc::new(Int32Array::from(vec![0, 3, 1])), Arc::new(BooleanArray::from(vec![true, false, true]))];
+    let (encoder, b, _) = encode(build.clone(), build, NullEquality::NullEqualsNothing);
+    assert!(encoder.describe().contains("packed 3 bits"), "{}", encoder.describe());
+    // (a - 0) << 1 | bool: packed keys sort like the key tuples
+    assert_eq!(b, NormalizedKeys::U32(vec![1, 6, 3]));
+}
+
+#[test]
+fn wide_ranges_use_64_bits_and_whole_ranges_hash() {
+    let wide: ArrayRef = Arc::new(Int64Array::from(vec![0, 1 << 40]));
+    let (encoder, b, _) = encode(vec![Arc::clone(&wide)], vec![wide], NullEquality::NullEqualsNothing);
+    assert_eq!((encoder.key_bits(), encoder.exactness()), (64, KeyExactness::Exact));
+    assert_eq!(b, NormalizedKeys::U64(vec![0, 1 << 40]));
+
+    let whole: ArrayRef = Arc::new(UInt64Array::from(vec![0, u64::MAX]));
+    let (encoder, _, _) = encode(vec![Arc::clone(&whole)], vec![whole], NullEquality::NullEqualsNothing);
+    assert_eq!(encoder.exactness(), KeyExactness::NeedsVerification);
+
+    let decimal: ArrayRef = Arc::new(Decimal128Array::from(vec![i128::MIN + 1, i128::MAX]));
+    let (encoder, _, _) = encode(vec![Arc::clone(&decimal)], vec![decimal], NullEquality::NullEqualsNothing);
+    assert_eq!(encoder.exactness(), KeyExactness::NeedsVerification);
+}
+
+#[test]
+fn strings_hash_equal_values_alike_and_nulls_to_unmatchable() {
+    let build: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), None, Some("y")]));
+    let probe: ArrayRef = Arc::new(StringArray::from(vec![Some("y"), Some("x"), None]));
+    let (encoder, b, p) = encode(vec![build], vec![probe], NullEquality::NullEqualsNothing);
+    assert_eq!(encoder.exactness(), KeyExactness::NeedsVerification);
+    let (NormalizedKeys::U64(b), NormalizedKeys::U64(p)) = (b, p) else { panic!("hashed keys are 64-bit") };
+    assert_eq!((b[0], b[2]), (p[1], p[0]));
+    assert_eq!((b[1], p[2]), (u64::MAX, u64::MAX));
+    assert_ne!(b[0], b[2]);
+}
+
+#[test]
+fn verification_rejects_pairs_that_only_share_a_hash() {
+    let build: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vec![Some("a"), Some("b"), None]))];
+    let probe: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vec![Some("a"), Some("c"), None]))];
+    // Pairs as a colliding hash would propose them.
+    let (build_rows, probe_rows) = ([0, 1, 2, 0], [0, 1, 2, 2]);
+    let mut keep = [true; 4];
+    verify_candidates(&build, &probe, &build_rows, &probe_rows, NullEquality::NullEqualsNothing, &mut keep).unwrap();
+    assert_eq!(keep, [true, false, false, false]);
+    let mut keep = [true; 4];
+    verify_candidates(&build, &probe, &build_rows, &probe_rows, NullEquality::NullEqualsNull, &mut keep).unwrap();
+    assert_eq!(keep, [true, false, true, false]);
+}
+
+#[test]
+fn empty_or_all_null_build_sides_match_nothing() {
+    let build: ArrayRef = Arc::new(Int32Array::from(vec![None, None]));
+    let probe: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None]));
+    let (_, b, p) = encode(vec![Arc::clone(&build)], vec![Arc::clone(&probe)], NullEquality::NullEqualsNothing);
+    assert_eq!((b, p), (NormalizedKeys::U32(vec![u32::MAX; 2]), NormalizedKeys::U32(vec![u32::MAX; 2])));
+    let (_, b, p) = encode(vec![build], vec![probe], NullEquality::NullEqualsNull);
+    assert_eq!((b, p), (NormalizedKeys::U32(vec![0, 0]), NormalizedKeys::U32(vec![u32::MAX, 0])));
+}
+
+#[test]
+fn supported_key_types() {
+    use arrow::datatypes::DataType;
+    assert!(is_supported_key_type(&DataType::Utf8View));
+    assert!(is_supported_key_type(&DataType::Dictionary(Box::new(DataType::Int16), Box::new(DataType::Utf8))));
+    assert!(!is_supported_key_type(&DataType::Dictionary(Box::new(DataType::Utf8), Box::new(DataType::Utf8))));
+    assert!(!is_supported_key_type(&DataType::new_list(DataType::Int32, true)));
+}

@@ -29,18 +29,11 @@ pub(super) struct RuleContext<'a> {
 
 impl<'a> RuleContext<'a> {
     pub fn new(options: &'a GpuJoinConfig) -> Self {
-        Self {
-            options,
-            backend: None,
-        }
+        Self { options, backend: None }
     }
 
     /// `None` for nodes that are not joins this rule handles.
-    pub fn assess(
-        &mut self,
-        node: &Arc<dyn ExecutionPlan>,
-        ordering_needed: bool,
-    ) -> Result<Option<Assessment>> {
+    pub fn assess(&mut self, node: &Arc<dyn ExecutionPlan>, ordering_needed: bool) -> Result<Option<Assessment>> {
         if let Some(join) = node.downcast_ref::<HashJoinExec>() {
             return self.assess_hash_join(join).map(Some);
         }
@@ -67,11 +60,7 @@ impl<'a> RuleContext<'a> {
 
     /// A sort-merge join is replaced only when nothing above relies on its
     /// sorted output; the sorts below it then only fed the CPU merge and go.
-    fn assess_sort_merge_join(
-        &mut self,
-        join: &SortMergeJoinExec,
-        ordering_needed: bool,
-    ) -> Result<Assessment> {
+    fn assess_sort_merge_join(&mut self, join: &SortMergeJoinExec, ordering_needed: bool) -> Result<Assessment> {
         if ordering_needed {
             return Ok(Assessment::Keep(NotOnGpu::OrderingRelied));
         }
@@ -91,12 +80,7 @@ impl<'a> RuleContext<'a> {
             join.null_equality(),
             false,
         )?;
-        let exec = GpuJoinExec::try_new(
-            &twin,
-            backend,
-            self.options,
-            ReplacedOperator::SortMergeJoin,
-        )?;
+        let exec = GpuJoinExec::try_new(&twin, backend, self.options, ReplacedOperator::SortMergeJoin)?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
@@ -127,10 +111,7 @@ impl<'a> RuleContext<'a> {
         if let (Some(l), Some(r)) = (estimated_rows(left), estimated_rows(right)) {
             let rows = l.saturating_add(r);
             if rows < self.options.min_rows {
-                return Ok(Err(NotOnGpu::BelowMinRows {
-                    rows,
-                    min_rows: self.options.min_rows,
-                }));
+                return Ok(Err(NotOnGpu::BelowMinRows { rows, min_rows: self.options.min_rows }));
             }
         }
         Ok(Ok(backend))
@@ -160,17 +141,12 @@ impl<'a> RuleContext<'a> {
     }
 }
 
-fn key_type(
-    key: &PhysicalExprRef,
-    schema: &arrow::datatypes::Schema,
-) -> Result<arrow::datatypes::DataType> {
+fn key_type(key: &PhysicalExprRef, schema: &arrow::datatypes::Schema) -> Result<arrow::datatypes::DataType> {
     key.data_type(schema)
 }
 
 fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    let statistics = StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()?;
+    let statistics = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
     statistics.num_rows.get_value().copied()
 }
 

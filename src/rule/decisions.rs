@@ -50,16 +50,10 @@ impl fmt::Display for NotOnGpu {
             }
             NotOnGpu::UnsupportedKeyType(t) => write!(f, "unsupported key type {t}"),
             NotOnGpu::BelowMinRows { rows, min_rows } => {
-                write!(
-                    f,
-                    "estimated {rows} rows, below gpu_join.min_rows = {min_rows}"
-                )
+                write!(f, "estimated {rows} rows, below gpu_join.min_rows = {min_rows}")
             }
             NotOnGpu::OrderingRelied => {
-                write!(
-                    f,
-                    "the plan relies on the sort-merge join's output ordering"
-                )
+                write!(f, "the plan relies on the sort-merge join's output ordering")
             }
             NotOnGpu::RuleNotRun => {
                 write!(f, "the GPU join rule is not registered for this session")
@@ -72,10 +66,7 @@ impl fmt::Display for NotOnGpu {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
     /// On a GPU join backend, with the planned algorithm (e.g. `PHJ-OM`).
-    Gpu {
-        backend: &'static str,
-        algorithm: String,
-    },
+    Gpu { backend: &'static str, algorithm: String },
     /// On DataFusion's operator.
     NotOnGpu(NotOnGpu),
 }
@@ -93,15 +84,10 @@ pub struct JoinDecision {
 
 fn keys_text<'a>(
     on: impl Iterator<
-        Item = &'a (
-            Arc<dyn datafusion::physical_expr::PhysicalExpr>,
-            Arc<dyn datafusion::physical_expr::PhysicalExpr>,
-        ),
+        Item = &'a (Arc<dyn datafusion::physical_expr::PhysicalExpr>, Arc<dyn datafusion::physical_expr::PhysicalExpr>),
     >,
 ) -> String {
-    on.map(|(l, r)| format!("({l}, {r})"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    on.map(|(l, r)| format!("({l}, {r})")).collect::<Vec<_>>().join(", ")
 }
 
 impl JoinDecision {
@@ -110,10 +96,7 @@ impl JoinDecision {
             operator: join.replaces().name().to_string(),
             join_type: join.join_type(),
             on: keys_text(join.on().iter()),
-            placement: Placement::Gpu {
-                backend: join.backend().name(),
-                algorithm: join.strategy().label(),
-            },
+            placement: Placement::Gpu { backend: join.backend().name(), algorithm: join.strategy().label() },
         }
     }
 
@@ -125,22 +108,13 @@ impl JoinDecision {
         } else {
             (JoinType::Inner, String::new())
         };
-        Self {
-            operator: node.name().to_string(),
-            join_type,
-            on,
-            placement: Placement::NotOnGpu(reason),
-        }
+        Self { operator: node.name().to_string(), join_type, on, placement: Placement::NotOnGpu(reason) }
     }
 }
 
 impl fmt::Display for JoinDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {:?} on [{}]: ",
-            self.operator, self.join_type, self.on
-        )?;
+        write!(f, "{} {:?} on [{}]: ", self.operator, self.join_type, self.on)?;
         match &self.placement {
             Placement::Gpu { backend, algorithm } => {
                 write!(f, "GpuJoinExec, backend {backend}, {algorithm}")
@@ -152,10 +126,7 @@ impl fmt::Display for JoinDecision {
 
 /// Where each join of a physical plan runs, in plan order (bottom-up): joins
 /// the rule replaced, and for the others, why they stay on DataFusion.
-pub fn plan_decisions(
-    plan: &Arc<dyn ExecutionPlan>,
-    config: &ConfigOptions,
-) -> Result<Vec<JoinDecision>> {
+pub fn plan_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Vec<JoinDecision>> {
     let options = GpuJoinConfig::from_config(config);
     let mut context = RuleContext::new(&options);
     let mut decisions = vec![];
@@ -165,12 +136,8 @@ pub fn plan_decisions(
             return Ok(None);
         }
         match context.assess(node, ordering_needed)? {
-            Some(Assessment::Keep(reason)) => {
-                decisions.push(JoinDecision::for_cpu_join(node, reason))
-            }
-            Some(Assessment::Replace(_)) => {
-                decisions.push(JoinDecision::for_cpu_join(node, NotOnGpu::RuleNotRun))
-            }
+            Some(Assessment::Keep(reason)) => decisions.push(JoinDecision::for_cpu_join(node, reason)),
+            Some(Assessment::Replace(_)) => decisions.push(JoinDecision::for_cpu_join(node, NotOnGpu::RuleNotRun)),
             None => {}
         }
         Ok(None)

@@ -33,11 +33,7 @@ impl GpuJoinRule {
 }
 
 impl PhysicalOptimizerRule for GpuJoinRule {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let options = GpuJoinConfig::from_config(config);
         let mut context = RuleContext::new(&options);
         let mut decisions = vec![];

@@ -9,16 +9,12 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 /// Called on each node after its children; returns a replacement, if any.
-pub(super) type Visit<'a> =
-    dyn FnMut(&Arc<dyn ExecutionPlan>, bool) -> Result<Option<Arc<dyn ExecutionPlan>>> + 'a;
+pub(super) type Visit<'a> = dyn FnMut(&Arc<dyn ExecutionPlan>, bool) -> Result<Option<Arc<dyn ExecutionPlan>>> + 'a;
 
 /// Rewrites `plan` bottom-up. The root's ordering counts as needed when it
 /// has one: the query's ORDER BY may have been satisfied by it and its sort
 /// removed before this rule runs.
-pub(super) fn rewrite(
-    plan: Arc<dyn ExecutionPlan>,
-    visit: &mut Visit<'_>,
-) -> Result<Arc<dyn ExecutionPlan>> {
+pub(super) fn rewrite(plan: Arc<dyn ExecutionPlan>, visit: &mut Visit<'_>) -> Result<Arc<dyn ExecutionPlan>> {
     let needed = plan.output_ordering().is_some();
     rewrite_node(plan, needed, visit)
 }
@@ -38,10 +34,7 @@ fn rewrite_node(
         new_children.push(new_child);
     }
     let node = match changed {
-        true => node.replace_children(
-            new_children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )?,
+        true => node.replace_children(new_children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))?,
         false => node,
     };
     Ok(visit(&node, ordering_needed)?.unwrap_or(node))

@@ -4,9 +4,9 @@ use arrow::array::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::SessionStateBuilderExt;
 use datafusion_gpu_join::backend::{BackendHandle, cuda_backend};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
-use datafusion_gpu_join::SessionStateBuilderExt;
 
 /// The backend the suites run on: `GPU_JOIN_TEST_BACKEND` (cpu or cuda).
 pub fn test_backend_choice() -> BackendChoice {
@@ -77,4 +77,3 @@ pub async fn physical_plan_text(ctx: &SessionContext, sql: &str) -> String {
     let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
     datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string()
 }
-

@@ -27,17 +27,11 @@ pub(super) fn hash_match<K: NormalizedKey>(
     build: &Transformed<CpuBackend, K>,
     probe: &Transformed<CpuBackend, K>,
 ) -> Result<Pairs> {
-    let (Layout::Partitioned(build_spec), Layout::Partitioned(probe_spec)) =
-        (build.layout, probe.layout)
-    else {
+    let (Layout::Partitioned(build_spec), Layout::Partitioned(probe_spec)) = (build.layout, probe.layout) else {
         return internal_err!("hash_match needs two partitioned relations");
     };
     if build_spec != probe_spec {
-        return internal_err!(
-            "hash_match: build has {} radix bits, probe {}",
-            build_spec.bits,
-            probe_spec.bits
-        );
+        return internal_err!("hash_match: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
     }
     // The last partition holds unmatchable keys and is skipped.
     let per_partition: Vec<Pairs> = (0..build_spec.partitions())
@@ -45,19 +39,11 @@ pub(super) fn hash_match<K: NormalizedKey>(
         .map(|p| {
             let (b0, b1) = (build.offsets[p] as usize, build.offsets[p + 1] as usize);
             let (p0, p1) = (probe.offsets[p] as usize, probe.offsets[p + 1] as usize);
-            join_co_partition(
-                &build.keys[b0..b1],
-                b0 as u32,
-                &probe.keys[p0..p1],
-                p0 as u32,
-            )
+            join_co_partition(&build.keys[b0..b1], b0 as u32, &probe.keys[p0..p1], p0 as u32)
         })
         .collect();
     let total = per_partition.iter().map(|p| p.build.len()).sum();
-    let mut pairs = Pairs {
-        build: Vec::with_capacity(total),
-        probe: Vec::with_capacity(total),
-    };
+    let mut pairs = Pairs { build: Vec::with_capacity(total), probe: Vec::with_capacity(total) };
     for part in per_partition {
         pairs.build.extend(part.build);
         pairs.probe.extend(part.probe);
@@ -65,16 +51,8 @@ pub(super) fn hash_match<K: NormalizedKey>(
     Ok(pairs)
 }
 
-fn join_co_partition<K: NormalizedKey>(
-    build: &[K],
-    build_base: u32,
-    probe: &[K],
-    probe_base: u32,
-) -> Pairs {
-    let mut pairs = Pairs {
-        build: vec![],
-        probe: vec![],
-    };
+fn join_co_partition<K: NormalizedKey>(build: &[K], build_base: u32, probe: &[K], probe_base: u32) -> Pairs {
+    let mut pairs = Pairs { build: vec![], probe: vec![] };
     if build.is_empty() || probe.is_empty() {
         return pairs;
     }
@@ -110,10 +88,7 @@ pub(super) fn merge_match<K: NormalizedKey>(
     // Unmatchable keys sort last; offsets[1] is where they start.
     let b = &build.keys[..build.offsets[1] as usize];
     let p = &probe.keys[..probe.offsets[1] as usize];
-    let mut pairs = Pairs {
-        build: vec![],
-        probe: vec![],
-    };
+    let mut pairs = Pairs { build: vec![], probe: vec![] };
     let (mut i, mut j) = (0, 0);
     while i < b.len() && j < p.len() {
         match b[i].cmp(&p[j]) {
@@ -143,17 +118,10 @@ pub(super) fn into_spaces<K: NormalizedKey>(
     probe: &Transformed<CpuBackend, K>,
     (build_space, probe_space): (Space, Space),
 ) -> Result<Candidates<CpuBackend>> {
-    fn map(
-        positions: Vec<u32>,
-        row_ids: Option<&Vec<u32>>,
-        space: Space,
-        side: &str,
-    ) -> Result<Vec<u32>> {
+    fn map(positions: Vec<u32>, row_ids: Option<&Vec<u32>>, space: Space, side: &str) -> Result<Vec<u32>> {
         match (space, row_ids) {
             (Space::Transformed, _) => Ok(positions),
-            (Space::Original, Some(ids)) => {
-                Ok(positions.iter().map(|&p| ids[p as usize]).collect())
-            }
+            (Space::Original, Some(ids)) => Ok(positions.iter().map(|&p| ids[p as usize]).collect()),
             (Space::Original, None) => internal_err!("{side} rows asked for without row ids"),
         }
     }

@@ -17,8 +17,8 @@ use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
 use super::{
-    Candidates, DeviceCounters, Element, JoinBackend, NULL_POSITION, PartitionSpec, Space,
-    Transformed, positions_to_indices,
+    Candidates, DeviceCounters, Element, JoinBackend, NULL_POSITION, PartitionSpec, Space, Transformed,
+    positions_to_indices,
 };
 use crate::keys::NormalizedKey;
 
@@ -51,6 +51,10 @@ impl JoinBackend for CpuBackend {
 
     fn counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    fn finish(&self) -> Result<()> {
+        Ok(())
     }
 
     fn partition_target_rows(&self) -> usize {
@@ -135,21 +139,12 @@ impl JoinBackend for CpuBackend {
             .collect()
     }
 
-    fn gather_column(&self, column: &ArrayRef, positions: &Vec<u32>) -> Result<ArrayRef> {
-        Ok(take(
-            column.as_ref(),
-            &positions_to_indices(positions),
-            None,
-        )?)
+    fn gather_column(&self, column: &ArrayRef, positions: &Vec<u32>, _may_hold_nulls: bool) -> Result<ArrayRef> {
+        Ok(take(column.as_ref(), &positions_to_indices(positions), None)?)
     }
 
     fn select(&self, values: &Vec<u32>, keep: &Vec<u8>) -> Result<Vec<u32>> {
-        Ok(values
-            .iter()
-            .zip(keep)
-            .filter(|(_, k)| **k != 0)
-            .map(|(v, _)| *v)
-            .collect())
+        Ok(values.iter().zip(keep).filter(|(_, k)| **k != 0).map(|(v, _)| *v).collect())
     }
 
     fn sequence(&self, len: usize) -> Result<Vec<u32>> {
@@ -167,10 +162,7 @@ impl JoinBackend for CpuBackend {
     fn sort_pairs(&self, keys: &Vec<u32>, values: &Vec<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
         let mut order: Vec<u32> = (0..keys.len() as u32).collect();
         order.sort_by_key(|&i| keys[i as usize]);
-        Ok((
-            order.iter().map(|&i| keys[i as usize]).collect(),
-            order.iter().map(|&i| values[i as usize]).collect(),
-        ))
+        Ok((order.iter().map(|&i| keys[i as usize]).collect(), order.iter().map(|&i| values[i as usize]).collect()))
     }
 
     fn new_flags(&self, len: usize) -> Result<Vec<AtomicBool>> {
@@ -182,10 +174,7 @@ impl JoinBackend for CpuBackend {
             flags
                 .get(p as usize)
                 .ok_or_else(|| {
-                    datafusion::common::internal_datafusion_err!(
-                        "set_flags: position {p} out of {} flags",
-                        flags.len()
-                    )
+                    datafusion::common::internal_datafusion_err!("set_flags: position {p} out of {} flags", flags.len())
                 })?
                 .store(true, Ordering::Relaxed);
         }

@@ -42,14 +42,7 @@ pub(super) fn partition<K: NormalizedKey>(
         permutation[cursor[p as usize] as usize] = row as u32;
         cursor[p as usize] += 1;
     }
-    permute(
-        keys,
-        payloads,
-        with_row_ids,
-        permutation,
-        offsets,
-        Layout::Partitioned(spec),
-    )
+    permute(keys, payloads, with_row_ids, permutation, offsets, Layout::Partitioned(spec))
 }
 
 /// Stable sort by key; the unmatchable key is the largest, so it sorts last.
@@ -63,14 +56,7 @@ pub(super) fn sort<K: NormalizedKey>(
     permutation.sort_by_key(|&row| keys[row as usize]);
     let matchable = keys.iter().filter(|k| **k != K::UNMATCHABLE).count() as u32;
     let offsets = vec![0, matchable, keys.len() as u32];
-    permute(
-        keys,
-        payloads,
-        with_row_ids,
-        permutation,
-        offsets,
-        Layout::Sorted,
-    )
+    permute(keys, payloads, with_row_ids, permutation, offsets, Layout::Sorted)
 }
 
 /// Applies `permutation` (transformed position -> original row) to the keys,
@@ -85,10 +71,8 @@ fn permute<K: NormalizedKey>(
 ) -> Result<Transformed<CpuBackend, K>> {
     let transformed_keys = permutation.iter().map(|&row| keys[row as usize]).collect();
     let indices = positions_to_indices(&permutation);
-    let payloads = payloads
-        .iter()
-        .map(|column| Ok(take(column.as_ref(), &indices, None)?))
-        .collect::<Result<Vec<_>>>()?;
+    let payloads =
+        payloads.iter().map(|column| Ok(take(column.as_ref(), &indices, None)?)).collect::<Result<Vec<_>>>()?;
     Ok(Transformed {
         keys: transformed_keys,
         rows: permutation.len(),

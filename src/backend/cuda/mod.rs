@@ -1,4 +1,39 @@
-//! The CUDA backend.
+//! The CUDA backend: the join primitives as CUDA kernels (in `kernels/`),
+//! compiled at run time by NVRTC, with cudarc loading the driver and NVRTC
+//! dynamically, so that the same binary runs with or without a GPU.
+
+mod column;
+mod compaction;
+mod device;
+mod kernels;
+mod matching;
+mod memory;
+mod transform;
+
+use std::sync::Arc;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::DataType;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::common::exec_datafusion_err;
+use datafusion::error::Result;
+
+pub use column::CudaColumn;
+pub use device::CudaDevice;
+pub use kernels::compile_kernels;
+pub use memory::DeviceBuffer;
+
+use super::{Candidates, DeviceCounters, Element, JoinBackend, PartitionSpec, Space, Transformed};
+use crate::config::GpuJoinConfig;
+use crate::keys::NormalizedKey;
+use memory::Placement;
+use transform::Digits;
+
+/// Threads per block of every kernel (BLOCK in common.cuh).
+const BLOCK: u32 = 256;
+/// Build partitions are sized to fill about a third of a work unit's hash
+/// table on average, so that few partitions need splitting.
+const PARTITION_TARGET_ROWS: usize = 2048;
 
 /// Why no CUDA device can be used, or `Ok` when the driver and NVRTC load.
 pub(crate) fn probe_libraries() -> Result<(), String> {
@@ -12,4 +47,248 @@ pub(crate) fn probe_libraries() -> Result<(), String> {
         return Err("the NVRTC library (libnvrtc) was not found".into());
     }
     Ok(())
+}
+
+/// The session's CUDA device, opened once per process.
+pub(crate) fn open_device(options: &GpuJoinConfig) -> Result<Arc<CudaDevice>, String> {
+    device::device(options.device, options.memory_limit)
+}
+
+/// A kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg {
+    U8(u8),
+    U32(u32),
+    U64(u64),
+}
+
+impl From<u32> for Arg {
+    fn from(value: u32) -> Self {
+        Arg::U32(value)
+    }
+}
+
+impl From<u64> for Arg {
+    fn from(value: u64) -> Self {
+        Arg::U64(value)
+    }
+}
+
+/// The CUDA backend for one partition of one join: a device, a stream of
+/// its own, and the join's counters.
+#[derive(Debug, Clone)]
+pub struct CudaBackend {
+    placement: Placement,
+}
+
+impl CudaBackend {
+    /// Launches `kernel` over `threads` threads.
+    fn launch(&self, kernel: &str, threads: u64, shared: u32, args: &[Arg]) -> Result<()> {
+        self.launch_blocks(kernel, threads.div_ceil(u64::from(BLOCK)), shared, threads, args)
+    }
+
+    /// Launches `kernel` with `blocks` blocks; `rows` is for error messages.
+    fn launch_blocks(&self, kernel: &str, blocks: u64, shared: u32, rows: u64, args: &[Arg]) -> Result<()> {
+        if blocks == 0 {
+            return Ok(());
+        }
+        let function = self.placement.device.kernel(kernel)?;
+        let grid = u32::try_from(blocks)
+            .map_err(|_| exec_datafusion_err!("GPU join kernel {kernel}: {blocks} blocks are too many"))?;
+        let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared };
+        let mut builder = self.placement.stream.launch_builder(function);
+        for arg in args {
+            match arg {
+                Arg::U8(v) => builder.arg(v),
+                Arg::U32(v) => builder.arg(v),
+                Arg::U64(v) => builder.arg(v),
+            };
+        }
+        // SAFETY: the argument list matches the kernel's signature in kernels/.
+        unsafe { builder.launch(config) }
+            .map(drop)
+            .map_err(|e| exec_datafusion_err!("GPU join kernel {kernel} failed to launch on {rows} rows: {e}"))
+    }
+
+    /// Lets `kernel` use `bytes` of dynamic shared memory.
+    fn allow_shared_memory(&self, kernel: &str, bytes: u32) -> Result<()> {
+        let function = self.placement.device.kernel(kernel)?;
+        // SAFETY: the function belongs to a loaded module.
+        unsafe {
+            cudarc::driver::result::function::set_function_attribute(
+                function.cu_function(),
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(|e| exec_datafusion_err!("GPU join kernel {kernel}: {bytes} bytes of shared memory: {e}"))
+    }
+
+    /// Waits for the stream's work; a kernel fault surfaces here.
+    fn synchronize(&self, what: &str) -> Result<()> {
+        self.placement.stream.synchronize().map_err(|e| device::cuda_error(what, e))
+    }
+}
+
+impl JoinBackend for CudaBackend {
+    type Vector<T: Element> = DeviceBuffer<T>;
+    type Column = CudaColumn;
+    type Flags = DeviceBuffer<u8>;
+    type Device = Arc<CudaDevice>;
+
+    /// GFTR: the GFTR paper finds it best for most joins on GPUs.
+    const PREFERRED_GATHER_SPACE: Space = Space::Transformed;
+
+    fn open(device: &Arc<CudaDevice>, counters: Arc<DeviceCounters>) -> Result<Self> {
+        let stream = device.context.new_stream().map_err(|e| device::cuda_error("creating a stream", e))?;
+        Ok(Self { placement: Placement { device: Arc::clone(device), stream, counters } })
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn counters(&self) -> &DeviceCounters {
+        &self.placement.counters
+    }
+
+    fn finish(&self) -> Result<()> {
+        self.synchronize("finishing GPU work")
+    }
+
+    fn partition_target_rows(&self) -> usize {
+        PARTITION_TARGET_ROWS
+    }
+
+    fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::upload(&self.placement, host, "a vector")
+    }
+
+    fn download<T: Element>(&self, vector: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        vector.download("a vector")
+    }
+
+    fn len<T: Element>(&self, vector: &DeviceBuffer<T>) -> usize {
+        vector.len()
+    }
+
+    fn holds_column(&self, data_type: &DataType) -> bool {
+        column::device_width(data_type).is_some()
+    }
+
+    fn upload_column(&self, array: &ArrayRef) -> Result<CudaColumn> {
+        self.upload_array(array)
+    }
+
+    fn download_column(&self, column: &CudaColumn) -> Result<ArrayRef> {
+        self.download_array(column)
+    }
+
+    fn partition<K: NormalizedKey>(
+        &self,
+        keys: &DeviceBuffer<K>,
+        payloads: &[&CudaColumn],
+        with_row_ids: bool,
+        spec: PartitionSpec,
+    ) -> Result<Transformed<Self, K>> {
+        self.transform(keys, payloads, with_row_ids, Digits::Partition(spec))
+    }
+
+    fn sort<K: NormalizedKey>(
+        &self,
+        keys: &DeviceBuffer<K>,
+        payloads: &[&CudaColumn],
+        with_row_ids: bool,
+    ) -> Result<Transformed<Self, K>> {
+        self.transform(keys, payloads, with_row_ids, Digits::Key)
+    }
+
+    fn hash_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+    ) -> Result<Candidates<Self>> {
+        self.hash_match_keys(build, probe, spaces)
+    }
+
+    fn merge_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+    ) -> Result<Candidates<Self>> {
+        self.merge_match_keys(build, probe, spaces)
+    }
+
+    fn gather_positions(&self, values: &DeviceBuffer<u32>, positions: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
+        let out = DeviceBuffer::<u32>::alloc(&self.placement, positions.len(), "gathered positions")?;
+        let n = positions.len() as u64;
+        self.launch(
+            "gather_positions",
+            n,
+            0,
+            &[values.pointer().into(), positions.pointer().into(), n.into(), out.pointer().into()],
+        )?;
+        Ok(out)
+    }
+
+    fn gather_column(
+        &self,
+        column: &CudaColumn,
+        positions: &DeviceBuffer<u32>,
+        may_hold_nulls: bool,
+    ) -> Result<CudaColumn> {
+        self.gather_array(column, positions, may_hold_nulls)
+    }
+
+    fn select(&self, values: &DeviceBuffer<u32>, keep: &DeviceBuffer<u8>) -> Result<DeviceBuffer<u32>> {
+        self.compact(keep, true, Some(values))
+    }
+
+    fn sequence(&self, len: usize) -> Result<DeviceBuffer<u32>> {
+        let out = DeviceBuffer::<u32>::alloc(&self.placement, len, "a sequence")?;
+        let n = len as u64;
+        self.launch("sequence", n, 0, &[out.pointer().into(), n.into()])?;
+        Ok(out)
+    }
+
+    fn null_positions(&self, len: usize) -> Result<DeviceBuffer<u32>> {
+        DeviceBuffer::filled(&self.placement, len, 0xFF, "null positions")
+    }
+
+    fn concat(&self, first: &DeviceBuffer<u32>, second: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
+        let mut out =
+            DeviceBuffer::<u32>::alloc(&self.placement, first.len() + second.len(), "concatenated positions")?;
+        out.copy_from(0, first, "concatenating positions")?;
+        out.copy_from(first.len(), second, "concatenating positions")?;
+        Ok(out)
+    }
+
+    fn sort_pairs(
+        &self,
+        keys: &DeviceBuffer<u32>,
+        values: &DeviceBuffer<u32>,
+    ) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>)> {
+        let (sorted_keys, mut moved, _) = self.radix_transform(keys, &[(values.pointer(), 4)], false, Digits::Key)?;
+        let sorted_values = moved.pop().ok_or_else(|| exec_datafusion_err!("sort_pairs lost its values"))?;
+        Ok((sorted_keys, sorted_values.into_typed(keys.len())))
+    }
+
+    fn new_flags(&self, len: usize) -> Result<DeviceBuffer<u8>> {
+        DeviceBuffer::filled(&self.placement, len, 0, "flags")
+    }
+
+    fn set_flags(&self, flags: &DeviceBuffer<u8>, positions: &DeviceBuffer<u32>) -> Result<()> {
+        let n = positions.len() as u64;
+        self.launch("set_flags", n, 0, &[flags.pointer().into(), positions.pointer().into(), n.into()])
+    }
+
+    fn flagged(&self, flags: &DeviceBuffer<u8>, value: bool) -> Result<DeviceBuffer<u32>> {
+        self.compact(flags, value, None)
+    }
+
+    fn download_flags(&self, flags: &DeviceBuffer<u8>) -> Result<Vec<bool>> {
+        Ok(flags.download("flags")?.into_iter().map(|f| f != 0).collect())
+    }
 }

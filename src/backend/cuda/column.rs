@@ -1,0 +1,130 @@
+//! Payload columns in device memory.
+//!
+//! Fixed-width values of 1, 2, 4, 8 or 16 bytes keep their Arrow layout;
+//! booleans and validity are one byte per row on the device, so that every
+//! gather and scatter moves whole bytes, and are packed back into Arrow
+//! bitmaps on the device before they are downloaded.
+
+use arrow::array::{Array, ArrayData, ArrayRef, make_array};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::datatypes::DataType;
+use datafusion::common::internal_datafusion_err;
+use datafusion::error::Result;
+
+use super::CudaBackend;
+use super::memory::DeviceBuffer;
+
+#[derive(Debug)]
+pub struct CudaColumn {
+    pub(crate) data_type: DataType,
+    pub(crate) len: usize,
+    /// Bytes per value on the device.
+    pub(crate) width: usize,
+    pub(crate) values: DeviceBuffer<u8>,
+    /// One byte per row, 1 for valid; `None` when no value is null.
+    pub(crate) validity: Option<DeviceBuffer<u8>>,
+}
+
+/// Bytes per value on the device, for the types the device holds.
+pub(crate) fn device_width(data_type: &DataType) -> Option<usize> {
+    match data_type {
+        DataType::Boolean => Some(1),
+        t if t.is_primitive() => t.primitive_width().filter(|w| matches!(w, 1 | 2 | 4 | 8 | 16)),
+        _ => None,
+    }
+}
+
+impl CudaBackend {
+    /// Bits `[offset, offset + len)` of a bitmap as bytes on the device.
+    fn unpack(&self, bitmap: &Buffer, offset: usize, len: usize, what: &str) -> Result<DeviceBuffer<u8>> {
+        let first = offset / 8;
+        let last = (offset + len).div_ceil(8);
+        let packed = DeviceBuffer::upload(&self.placement, &bitmap.as_slice()[first..last], what)?;
+        let bytes = DeviceBuffer::<u8>::alloc(&self.placement, len, what)?;
+        let (source, bit_offset, rows, destination) =
+            (packed.pointer(), (offset % 8) as u64, len as u64, bytes.pointer());
+        self.launch("unpack_bits", rows, 0, &[source.into(), bit_offset.into(), rows.into(), destination.into()])?;
+        Ok(bytes)
+    }
+
+    /// Bytes on the device to a bitmap on the host.
+    fn pack(&self, bytes: &DeviceBuffer<u8>, len: usize, what: &str) -> Result<BooleanBuffer> {
+        let words = DeviceBuffer::<u32>::alloc(&self.placement, len.div_ceil(32), what)?;
+        let (source, rows, destination) = (bytes.pointer(), len as u64, words.pointer());
+        self.launch("pack_bits", rows, 0, &[source.into(), rows.into(), destination.into()])?;
+        let host = words.download(what)?;
+        Ok(BooleanBuffer::new(Buffer::from_vec(host), 0, len))
+    }
+
+    pub(crate) fn upload_array(&self, array: &ArrayRef) -> Result<CudaColumn> {
+        let data_type = array.data_type().clone();
+        let width = device_width(&data_type)
+            .ok_or_else(|| internal_datafusion_err!("the CUDA backend does not hold {data_type} columns"))?;
+        let data = array.to_data();
+        let (offset, len) = (data.offset(), data.len());
+        let what = "a payload column";
+        let values = if data_type == DataType::Boolean {
+            self.unpack(&data.buffers()[0], offset, len, what)?
+        } else {
+            let bytes = &data.buffers()[0].as_slice()[offset * width..(offset + len) * width];
+            DeviceBuffer::upload(&self.placement, bytes, what)?
+        };
+        let validity = match data.nulls().filter(|n| n.null_count() > 0) {
+            Some(nulls) => {
+                let bits = nulls.inner();
+                Some(self.unpack(bits.inner(), bits.offset(), len, "a validity bitmap")?)
+            }
+            None => None,
+        };
+        Ok(CudaColumn { data_type, len, width, values, validity })
+    }
+
+    pub(crate) fn download_array(&self, column: &CudaColumn) -> Result<ArrayRef> {
+        let what = "an output column";
+        let values = if column.data_type == DataType::Boolean {
+            self.pack(&column.values, column.len, what)?.into_inner()
+        } else {
+            Buffer::from_vec(column.values.download(what)?)
+        };
+        let nulls = match &column.validity {
+            Some(validity) => {
+                Some(NullBuffer::new(self.pack(validity, column.len, what)?)).filter(|n| n.null_count() > 0)
+            }
+            None => None,
+        };
+        let data =
+            ArrayData::builder(column.data_type.clone()).len(column.len).add_buffer(values).nulls(nulls).build()?;
+        Ok(make_array(data))
+    }
+
+    pub(crate) fn gather_array(
+        &self,
+        column: &CudaColumn,
+        positions: &DeviceBuffer<u32>,
+        may_hold_nulls: bool,
+    ) -> Result<CudaColumn> {
+        let rows = positions.len();
+        let what = "a gathered column";
+        let values = DeviceBuffer::<u8>::alloc(&self.placement, rows * column.width, what)?;
+        let kernel = match column.width {
+            1 => "gather_1",
+            2 => "gather_2",
+            4 => "gather_4",
+            8 => "gather_8",
+            16 => "gather_16",
+            w => return Err(internal_datafusion_err!("no gather for {w}-byte values")),
+        };
+        let (source, index, n, out) = (column.values.pointer(), positions.pointer(), rows as u64, values.pointer());
+        self.launch(kernel, n, 0, &[source.into(), index.into(), n.into(), out.into()])?;
+        // Validity only where a null can arise: a null source or a null position.
+        let validity = if may_hold_nulls || column.validity.is_some() {
+            let validity = DeviceBuffer::<u8>::alloc(&self.placement, rows, what)?;
+            let (source_valid, out_valid) = (column.validity.as_ref().map_or(0, |v| v.pointer()), validity.pointer());
+            self.launch("gather_validity", n, 0, &[source_valid.into(), index.into(), n.into(), out_valid.into()])?;
+            Some(validity)
+        } else {
+            None
+        };
+        Ok(CudaColumn { data_type: column.data_type.clone(), len: rows, width: column.width, values, validity })
+    }
+}

@@ -1,0 +1,162 @@
+//! CUDA devices: found without panicking, one context per device per
+//! process, with its kernels and its memory budget.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, sys};
+use datafusion::common::{DataFusionError, resources_datafusion_err};
+use datafusion::error::Result;
+
+use super::kernels::Kernels;
+use crate::config::MemoryLimit;
+
+/// How many bytes of device memory the GPU join may hold at once.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryBudget {
+    limit: AtomicU64,
+    used: AtomicU64,
+}
+
+impl MemoryBudget {
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` from the budget, or says that it is spent.
+    pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
+        let limit = self.limit();
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            if used.saturating_add(bytes) > limit {
+                return Err(resources_datafusion_err!(
+                    "GPU join: {what} needs {bytes} bytes of device memory, but {used} of the {limit}-byte budget \
+                     are in use; raise gpu_join.memory_limit or lower gpu_join.probe_chunk_rows"
+                ));
+            }
+            match self.used.compare_exchange_weak(used, used + bytes, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    pub fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// One CUDA device, shared by every join of the process.
+#[derive(Debug)]
+pub struct CudaDevice {
+    pub(crate) context: Arc<CudaContext>,
+    kernels: Kernels,
+    pub(crate) budget: MemoryBudget,
+    pub(crate) name: String,
+    /// Largest dynamic shared memory one block may use.
+    pub(crate) max_shared_bytes: u32,
+    pub(crate) staging: Mutex<Vec<super::memory::Staging>>,
+}
+
+impl CudaDevice {
+    pub(crate) fn kernel(&self, name: &str) -> Result<&CudaFunction> {
+        self.kernels.get(name).ok_or_else(|| DataFusionError::Internal(format!("GPU join kernel {name} is not loaded")))
+    }
+
+    /// Total and free device memory in bytes.
+    pub(crate) fn memory_info(&self) -> Result<(u64, u64)> {
+        let (free, total) = self.context.mem_get_info().map_err(|e| cuda_error("querying device memory", e))?;
+        Ok((total as u64, free as u64))
+    }
+}
+
+pub(crate) fn cuda_error(what: &str, error: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Execution(format!("GPU join: CUDA error while {what}: {error}"))
+}
+
+fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
+    super::probe_libraries()?;
+    // cudarc panics when a driver symbol is missing; treat that as "no device".
+    let context = catch_unwind(|| CudaContext::new(ordinal))
+        .map_err(|_| format!("the CUDA driver could not be initialised for device {ordinal}"))?
+        .map_err(|e| format!("CUDA device {ordinal} is not usable: {e}"))?;
+    let opened = catch_unwind(AssertUnwindSafe(|| -> std::result::Result<CudaDevice, String> {
+        // Streams are synchronised explicitly (build sides before sharing,
+        // probe chunks by their downloads), so cudarc need not record events.
+        // SAFETY: no CudaSlice of this context is shared between streams.
+        unsafe { context.disable_event_tracking() };
+        keep_freed_memory_pooled(&context)?;
+        let kernels = Kernels::load(&context)?;
+        let name = context.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let max_shared_bytes = context
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| format!("querying shared memory: {e}"))? as u32;
+        Ok(CudaDevice {
+            context,
+            kernels,
+            budget: MemoryBudget::default(),
+            name,
+            max_shared_bytes,
+            staging: Mutex::default(),
+        })
+    }));
+    opened.map_err(|_| format!("CUDA device {ordinal} failed while loading the join kernels"))?
+}
+
+/// Freed device memory stays in the device's stream-ordered pool instead of
+/// going back to the driver, so allocations after the first cost little.
+fn keep_freed_memory_pooled(context: &Arc<CudaContext>) -> std::result::Result<(), String> {
+    // SAFETY: the device handle comes from a live context.
+    let pool = unsafe { cudarc::driver::result::device::get_default_mem_pool(context.cu_device()) }
+        .map_err(|e| format!("memory pool: {e}"))?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the attribute takes a u64.
+    unsafe {
+        cudarc::driver::result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .map_err(|e| format!("memory pool: {e}"))
+}
+
+type DeviceTable = Mutex<HashMap<usize, std::result::Result<Arc<CudaDevice>, String>>>;
+
+/// The device `ordinal`, opened on first use (kernels compiled or read from
+/// the cache), with its budget set from `memory_limit`.
+pub(crate) fn device(ordinal: usize, memory_limit: MemoryLimit) -> std::result::Result<Arc<CudaDevice>, String> {
+    static DEVICES: OnceLock<DeviceTable> = OnceLock::new();
+    let table = DEVICES.get_or_init(Default::default);
+    let device = {
+        let mut table = table.lock().map_err(|_| "the CUDA device table is poisoned".to_string())?;
+        table
+            .entry(ordinal)
+            .or_insert_with(|| {
+                let opened = open(ordinal).map(Arc::new);
+                match &opened {
+                    Ok(device) => {
+                        log::info!("gpu_join: CUDA device {ordinal} ({}) ready", device.name)
+                    }
+                    Err(why) => log::info!("gpu_join: CUDA device {ordinal} not usable: {why}"),
+                }
+                opened
+            })
+            .clone()?
+    };
+    let (total, free) = device.memory_info().map_err(|e| e.to_string())?;
+    if device.budget.limit() == 0 || memory_limit != MemoryLimit::Auto {
+        device.budget.set_limit(memory_limit.resolve(total, free + device.budget.used()));
+    }
+    Ok(device)
+}

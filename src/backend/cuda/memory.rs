@@ -1,0 +1,290 @@
+//! Device buffers and host transfers.
+//!
+//! Buffers come from the device's stream-ordered memory pool, within the
+//! GPU join's memory budget, and go back to it when dropped. Large
+//! transfers go through two pinned staging buffers, so that copying one
+//! chunk on the host overlaps the transfer of the other.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
+use cudarc::driver::{CudaEvent, CudaStream, result};
+use datafusion::error::Result;
+use rayon::prelude::*;
+
+use super::device::{CudaDevice, cuda_error};
+use crate::backend::DeviceCounters;
+
+/// Transfers up to this size skip the staging buffers.
+const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
+/// Size of each of the two pinned staging buffers.
+const STAGING_BYTES: usize = 16 << 20;
+
+/// Where a backend instance allocates and transfers: its device, its stream,
+/// and the counters of the join it serves.
+#[derive(Debug, Clone)]
+pub(crate) struct Placement {
+    pub device: Arc<CudaDevice>,
+    pub stream: Arc<CudaStream>,
+    pub counters: Arc<DeviceCounters>,
+}
+
+/// A typed array in device memory.
+#[derive(Debug)]
+pub struct DeviceBuffer<T> {
+    pointer: CUdeviceptr,
+    len: usize,
+    bytes: u64,
+    placement: Placement,
+    _element: PhantomData<T>,
+}
+
+impl<T: Copy> DeviceBuffer<T> {
+    /// `len` uninitialised elements.
+    pub(crate) fn alloc(placement: &Placement, len: usize, what: &str) -> Result<Self> {
+        // An empty buffer still gets a valid pointer.
+        let bytes = (len.max(1) * size_of::<T>()) as u64;
+        placement.device.budget.reserve(bytes, what)?;
+        // SAFETY: the stream belongs to the device's context.
+        match unsafe { result::malloc_async(placement.stream.cu_stream(), bytes as usize) } {
+            Ok(pointer) => {
+                placement.counters.record_alloc(bytes);
+                Ok(Self { pointer, len, bytes, placement: placement.clone(), _element: PhantomData })
+            }
+            Err(e) => {
+                placement.device.budget.release(bytes);
+                Err(cuda_error(&format!("allocating {bytes} bytes for {what}"), e))
+            }
+        }
+    }
+
+    /// `len` elements whose bytes are all `byte`.
+    pub(crate) fn filled(placement: &Placement, len: usize, byte: u8, what: &str) -> Result<Self> {
+        let buffer = Self::alloc(placement, len, what)?;
+        // SAFETY: writes within the allocation, on its stream.
+        unsafe { result::memset_d8_async(buffer.pointer, byte, buffer.bytes as usize, placement.stream.cu_stream()) }
+            .map_err(|e| cuda_error(&format!("clearing {what}"), e))?;
+        Ok(buffer)
+    }
+
+    pub(crate) fn upload(placement: &Placement, host: &[T], what: &str) -> Result<Self> {
+        let buffer = Self::alloc(placement, host.len(), what)?;
+        // SAFETY: T is a plain value type; its bytes are copied as they are.
+        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
+        upload_bytes(placement, bytes, buffer.pointer, what)?;
+        Ok(buffer)
+    }
+
+    pub fn download(&self, what: &str) -> Result<Vec<T>> {
+        let mut host: Vec<T> = Vec::with_capacity(self.len);
+        // SAFETY: the bytes are all written by the copy before `set_len`.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<u8>(), self.len * size_of::<T>()) };
+        download_bytes(&self.placement, self.pointer, bytes, what)?;
+        // SAFETY: initialised above.
+        unsafe { host.set_len(self.len) };
+        Ok(host)
+    }
+
+    /// Element `index`, read back to the host.
+    pub fn download_at(&self, index: usize, what: &str) -> Result<T> {
+        if index >= self.len.max(1) {
+            return Err(datafusion::common::internal_datafusion_err!("{what}: element {index} of {}", self.len));
+        }
+        let mut value = std::mem::MaybeUninit::<T>::uninit();
+        // SAFETY: the copy fills all bytes of `value`.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(value.as_mut_ptr().cast::<u8>(), size_of::<T>()) };
+        download_bytes(&self.placement, self.pointer + (index * size_of::<T>()) as u64, bytes, what)?;
+        // SAFETY: initialised by the copy.
+        Ok(unsafe { value.assume_init() })
+    }
+
+    /// The same memory seen as `len` elements of another type.
+    pub fn into_typed<U: Copy>(self, len: usize) -> DeviceBuffer<U> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped; its fields move into the result.
+        let placement = unsafe { std::ptr::read(&this.placement) };
+        DeviceBuffer { pointer: this.pointer, len, bytes: this.bytes, placement, _element: PhantomData }
+    }
+
+    pub fn pointer(&self) -> u64 {
+        self.pointer
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Keeps the first `len` elements (the allocation stays).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Copies `source` into this buffer from element `at` on.
+    pub fn copy_from(&mut self, at: usize, source: &DeviceBuffer<T>, what: &str) -> Result<()> {
+        if at + source.len > self.len {
+            return Err(datafusion::common::internal_datafusion_err!("{what}: copy past the end of a buffer"));
+        }
+        let bytes = source.len * size_of::<T>();
+        // SAFETY: both ranges lie within their allocations.
+        unsafe {
+            result::memcpy_dtod_async(
+                self.pointer + (at * size_of::<T>()) as u64,
+                source.pointer,
+                bytes,
+                self.placement.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| cuda_error(what, e))
+    }
+}
+
+impl<T> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated on this stream; work that used it is ordered before.
+        if let Err(e) = unsafe { result::free_async(self.pointer, self.placement.stream.cu_stream()) } {
+            log::warn!("gpu_join: freeing {} bytes of device memory failed: {e}", self.bytes);
+        }
+        self.placement.device.budget.release(self.bytes);
+        self.placement.counters.record_free(self.bytes);
+    }
+}
+
+/// Two pinned host buffers for staged transfers.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    buffers: [*mut u8; 2],
+}
+
+// SAFETY: the buffers are plain host memory owned by this value.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    fn new() -> Result<Self> {
+        let mut buffers = [std::ptr::null_mut(); 2];
+        for buffer in buffers.iter_mut() {
+            // SAFETY: allocates page-locked host memory.
+            *buffer = unsafe { result::malloc_host(STAGING_BYTES, 0) }
+                .map_err(|e| cuda_error("allocating pinned staging memory", e))?
+                .cast();
+        }
+        Ok(Self { buffers })
+    }
+
+    fn buffer(&mut self, index: usize, len: usize) -> &mut [u8] {
+        // SAFETY: each buffer holds STAGING_BYTES bytes and `len` is at most that.
+        unsafe { std::slice::from_raw_parts_mut(self.buffers[index], len.min(STAGING_BYTES)) }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        for buffer in self.buffers {
+            // SAFETY: allocated by malloc_host and no longer used.
+            if let Err(e) = unsafe { result::free_host(buffer.cast()) } {
+                log::warn!("gpu_join: freeing pinned staging memory failed: {e}");
+            }
+        }
+    }
+}
+
+fn parallel_copy(from: &[u8], to: &mut [u8]) {
+    const PIECE: usize = 1 << 20;
+    to.par_chunks_mut(PIECE).zip(from.par_chunks(PIECE)).for_each(|(t, f)| t.copy_from_slice(f));
+}
+
+fn staging_events(placement: &Placement) -> Result<[CudaEvent; 2]> {
+    let flags = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+    let context = &placement.device.context;
+    Ok([
+        context.new_event(flags).map_err(|e| cuda_error("creating an event", e))?,
+        context.new_event(flags).map_err(|e| cuda_error("creating an event", e))?,
+    ])
+}
+
+fn synchronize(placement: &Placement, what: &str) -> Result<()> {
+    placement.stream.synchronize().map_err(|e| cuda_error(what, e))
+}
+
+fn upload_bytes(placement: &Placement, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
+    placement.counters.record_upload(host.len() as u64);
+    let stream = placement.stream.cu_stream();
+    if host.len() <= DIRECT_TRANSFER_BYTES {
+        // SAFETY: the destination holds at least host.len() bytes.
+        unsafe { result::memcpy_htod_async(destination, host, stream) }.map_err(|e| cuda_error(what, e))?;
+        return synchronize(placement, what);
+    }
+    let mut staging = placement.device.take_staging()?;
+    let events = staging_events(placement)?;
+    for (i, chunk) in host.chunks(STAGING_BYTES).enumerate() {
+        let b = i % 2;
+        if i >= 2 {
+            events[b].synchronize().map_err(|e| cuda_error(what, e))?;
+        }
+        let pinned = staging.buffer(b, chunk.len());
+        parallel_copy(chunk, pinned);
+        // SAFETY: the pinned buffer stays untouched until its event completes.
+        unsafe { result::memcpy_htod_async(destination + (i * STAGING_BYTES) as u64, &*pinned, stream) }
+            .map_err(|e| cuda_error(what, e))?;
+        events[b].record(&placement.stream).map_err(|e| cuda_error(what, e))?;
+    }
+    synchronize(placement, what)?;
+    placement.device.return_staging(staging);
+    Ok(())
+}
+
+fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], what: &str) -> Result<()> {
+    placement.counters.record_download(host.len() as u64);
+    let stream = placement.stream.cu_stream();
+    if host.len() <= DIRECT_TRANSFER_BYTES {
+        // SAFETY: the source holds at least host.len() bytes.
+        unsafe { result::memcpy_dtoh_async(host, source, stream) }.map_err(|e| cuda_error(what, e))?;
+        return synchronize(placement, what);
+    }
+    let mut staging = placement.device.take_staging()?;
+    let events = staging_events(placement)?;
+    let chunks: Vec<&mut [u8]> = host.chunks_mut(STAGING_BYTES).collect();
+    let count = chunks.len();
+    let mut pending: Option<&mut [u8]> = None;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let b = i % 2;
+        let pinned = staging.buffer(b, chunk.len());
+        // SAFETY: the pinned buffer is not read until its event completes.
+        unsafe { result::memcpy_dtoh_async(pinned, source + (i * STAGING_BYTES) as u64, stream) }
+            .map_err(|e| cuda_error(what, e))?;
+        events[b].record(&placement.stream).map_err(|e| cuda_error(what, e))?;
+        // While chunk i transfers, copy chunk i - 1 out of its buffer.
+        if let Some(previous) = pending.take() {
+            let p = (i - 1) % 2;
+            events[p].synchronize().map_err(|e| cuda_error(what, e))?;
+            let len = previous.len();
+            parallel_copy(staging.buffer(p, len), previous);
+        }
+        pending = Some(chunk);
+    }
+    if let Some(last) = pending {
+        let p = (count - 1) % 2;
+        events[p].synchronize().map_err(|e| cuda_error(what, e))?;
+        let len = last.len();
+        parallel_copy(staging.buffer(p, len), last);
+    }
+    placement.device.return_staging(staging);
+    Ok(())
+}
+
+impl CudaDevice {
+    /// Staging buffers from the device's pool, or new ones.
+    pub(crate) fn take_staging(&self) -> Result<Staging> {
+        match self.staging.lock().ok().and_then(|mut pool| pool.pop()) {
+            Some(staging) => Ok(staging),
+            None => Staging::new(),
+        }
+    }
+
+    pub(crate) fn return_staging(&self, staging: Staging) {
+        if let Ok(mut pool) = self.staging.lock() {
+            pool.push(staging);
+        }
+    }
+}

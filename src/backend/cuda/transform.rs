@@ -1,0 +1,210 @@
+//! Transform phase on the GPU: stable radix partitioning and radix sorting,
+//! both as sequences of stable 8-bit radix passes over the keys, carrying
+//! payload columns and row ids along.
+
+use datafusion::common::exec_err;
+use datafusion::error::Result;
+
+use super::column::CudaColumn;
+use super::memory::DeviceBuffer;
+use super::{Arg, CudaBackend};
+use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, Transformed};
+use crate::keys::NormalizedKey;
+
+/// Items per tile of the radix kernels (BLOCK x TILE_ITEMS in radix.cu).
+const TILE: usize = 256 * 16;
+/// Tells the radix kernels to take digits of the key rather than of its
+/// partition id (SORT_BY_KEY in common.cuh).
+const SORT_BY_KEY: u32 = u32::MAX;
+
+/// What the digits of the radix passes are taken from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Digits {
+    /// The partition id: `bits` partition bits plus the unmatchable partition.
+    Partition(PartitionSpec),
+    /// The key itself, every bit of it.
+    Key,
+}
+
+impl Digits {
+    fn partition_bits(&self) -> u32 {
+        match self {
+            Digits::Partition(spec) => spec.bits,
+            Digits::Key => SORT_BY_KEY,
+        }
+    }
+
+    /// (shift, digit bits) of every pass, least significant first.
+    fn passes(&self, key_bits: u32) -> Vec<(u32, u32)> {
+        let total = match self {
+            Digits::Partition(spec) => spec.bits + 1,
+            Digits::Key => key_bits,
+        };
+        (0..total).step_by(8).map(|shift| (shift, (total - shift).min(8))).collect()
+    }
+}
+
+/// A column moved by the passes: its current buffer and the element width.
+struct Moving {
+    buffer: DeviceBuffer<u8>,
+    width: usize,
+}
+
+impl CudaBackend {
+    pub(super) fn kernel_name<K: NormalizedKey>(&self, base: &str) -> String {
+        format!("{base}_u{}", K::BITS)
+    }
+
+    /// Stable radix transform of `keys`; `columns` are (pointer, width) pairs
+    /// moved along. Returns the transformed keys, the moved columns in the
+    /// same order, and the row ids (original row of each position) if asked.
+    pub(super) fn radix_transform<K: NormalizedKey>(
+        &self,
+        keys: &DeviceBuffer<K>,
+        columns: &[(u64, usize)],
+        with_row_ids: bool,
+        digits: Digits,
+    ) -> Result<(DeviceBuffer<K>, Vec<DeviceBuffer<u8>>, Option<DeviceBuffer<u32>>)> {
+        let n = keys.len();
+        if n > MAX_RELATION_ROWS {
+            return exec_err!(
+                "radix transform: {n} rows exceed the {MAX_RELATION_ROWS} rows one relation may have; \
+                 lower gpu_join.probe_chunk_rows"
+            );
+        }
+        let what = "a radix transform";
+        let tiles = n.div_ceil(TILE).max(1);
+        let mut current_keys: Option<DeviceBuffer<K>> = None;
+        let mut moving: Vec<Moving> = vec![];
+        let mut row_ids: Option<DeviceBuffer<u32>> = None;
+        for (pass, (shift, digit_bits)) in digits.passes(K::BITS).into_iter().enumerate() {
+            let keys_in = current_keys.as_ref().unwrap_or(keys);
+            let digit_mask = (1u32 << digit_bits) - 1;
+            let tile_counts = DeviceBuffer::<u32>::alloc(&self.placement, tiles * (digit_mask as usize + 1), what)?;
+            let args = [
+                Arg::from(keys_in.pointer()),
+                (n as u64).into(),
+                digits.partition_bits().into(),
+                shift.into(),
+                digit_mask.into(),
+                (tiles as u32).into(),
+                tile_counts.pointer().into(),
+            ];
+            self.launch_blocks(&self.kernel_name::<K>("radix_histogram"), tiles as u64, 0, n as u64, &args)?;
+            self.exclusive_scan(&tile_counts)?;
+
+            let keys_out = DeviceBuffer::<K>::alloc(&self.placement, n, what)?;
+            // The first pass reads the caller's columns; later ones the last outputs.
+            let sources: Vec<(u64, usize)> = if pass == 0 {
+                columns.to_vec()
+            } else {
+                moving.iter().map(|m| (m.buffer.pointer(), m.width)).collect()
+            };
+            let row_id_source = row_ids.as_ref().map(|r| r.pointer());
+            let mut outputs: Vec<Moving> = vec![];
+            let mut descriptors: Vec<u64> = vec![];
+            for (source, width) in sources.iter().copied().chain(row_id_source.map(|r| (r, 4))) {
+                let buffer = DeviceBuffer::<u8>::alloc(&self.placement, n * width, what)?;
+                descriptors.extend([source, buffer.pointer(), width as u64]);
+                outputs.push(Moving { buffer, width });
+            }
+            let generated = match (pass, with_row_ids) {
+                (0, true) => Some(DeviceBuffer::<u32>::alloc(&self.placement, n, what)?),
+                _ => None,
+            };
+            let descriptor_buffer = DeviceBuffer::upload(&self.placement, &descriptors, what)?;
+            let args = [
+                Arg::from(keys_in.pointer()),
+                keys_out.pointer().into(),
+                (n as u64).into(),
+                digits.partition_bits().into(),
+                shift.into(),
+                digit_mask.into(),
+                (tiles as u32).into(),
+                tile_counts.pointer().into(),
+                descriptor_buffer.pointer().into(),
+                (outputs.len() as u32).into(),
+                generated.as_ref().map_or(0, |g| g.pointer()).into(),
+            ];
+            self.launch_blocks(&self.kernel_name::<K>("radix_scatter"), tiles as u64, 0, n as u64, &args)?;
+            if row_id_source.is_some() {
+                let moved_ids = outputs.pop().map(|m| m.buffer);
+                row_ids = moved_ids.map(|b| b.into_typed::<u32>(n));
+            } else if generated.is_some() {
+                row_ids = generated;
+            }
+            moving = outputs;
+            current_keys = Some(keys_out);
+        }
+        let keys = match current_keys {
+            Some(keys) => keys,
+            None => return exec_err!("radix transform without passes"),
+        };
+        Ok((keys, moving.into_iter().map(|m| m.buffer).collect(), row_ids))
+    }
+
+    /// Partitions or sorts `keys` with payload columns and returns the
+    /// transformed relation.
+    pub(super) fn transform<K: NormalizedKey>(
+        &self,
+        keys: &DeviceBuffer<K>,
+        payloads: &[&CudaColumn],
+        with_row_ids: bool,
+        digits: Digits,
+    ) -> Result<Transformed<CudaBackend, K>> {
+        let mut columns: Vec<(u64, usize)> = vec![];
+        for payload in payloads {
+            columns.push((payload.values.pointer(), payload.width));
+            if let Some(validity) = &payload.validity {
+                columns.push((validity.pointer(), 1));
+            }
+        }
+        let (transformed_keys, mut moved, row_ids) = self.radix_transform(keys, &columns, with_row_ids, digits)?;
+        let mut moved = moved.drain(..);
+        let mut transformed_payloads = vec![];
+        for payload in payloads {
+            let values = moved.next();
+            let validity = match payload.validity {
+                Some(_) => moved.next(),
+                None => None,
+            };
+            let values =
+                values.ok_or_else(|| datafusion::common::internal_datafusion_err!("a moved column is missing"))?;
+            transformed_payloads.push(CudaColumn {
+                data_type: payload.data_type.clone(),
+                len: payload.len,
+                width: payload.width,
+                values,
+                validity,
+            });
+        }
+        let (layout, offsets) = match digits {
+            Digits::Partition(spec) => {
+                let offsets = DeviceBuffer::<u32>::alloc(&self.placement, spec.partitions() + 2, "partition offsets")?;
+                let args = [
+                    Arg::from(transformed_keys.pointer()),
+                    (keys.len() as u64).into(),
+                    spec.bits.into(),
+                    offsets.pointer().into(),
+                ];
+                self.launch(&self.kernel_name::<K>("partition_offsets"), spec.partitions() as u64 + 2, 0, &args)?;
+                (Layout::Partitioned(spec), offsets)
+            }
+            Digits::Key => {
+                let offsets = DeviceBuffer::<u32>::alloc(&self.placement, 3, "sorted offsets")?;
+                let args =
+                    [Arg::from(transformed_keys.pointer()), (keys.len() as u64).into(), offsets.pointer().into()];
+                self.launch(&self.kernel_name::<K>("sorted_offsets"), 1, 0, &args)?;
+                (Layout::Sorted, offsets)
+            }
+        };
+        Ok(Transformed {
+            keys: transformed_keys,
+            row_ids,
+            payloads: transformed_payloads,
+            offsets,
+            layout,
+            rows: keys.len(),
+        })
+    }
+}

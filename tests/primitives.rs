@@ -1,0 +1,316 @@
+//! Differential tests of the join primitives on fresh random inputs.
+//!
+//! The CPU backend is checked against plain definitions (a stable partition
+//! is a stable sort by partition id; matches are the pairs of equal keys);
+//! the backend under test (`GPU_JOIN_TEST_BACKEND`) must then produce exactly
+//! what the CPU backend produces: the same transformed relations, and the
+//! same set of matches. `GPU_JOIN_PRIMITIVE_MAX_ROWS` raises the largest
+//! input (default 20 000 rows; 2^27 on a GPU).
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Decimal128Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array,
+    StringArray, UInt32Array,
+};
+use arrow::compute::take;
+use datafusion_gpu_join::backend::cpu::CpuBackend;
+use datafusion_gpu_join::backend::cuda::CudaBackend;
+use datafusion_gpu_join::backend::{
+    BackendHandle, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, Space, Transformed,
+};
+use datafusion_gpu_join::keys::NormalizedKey;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::common::test_backend;
+
+fn max_rows() -> usize {
+    std::env::var("GPU_JOIN_PRIMITIVE_MAX_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000)
+}
+
+fn seed() -> u64 {
+    std::env::var("GPU_JOIN_PRIMITIVE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    })
+}
+
+/// Row counts: tiny, not powers of two, and the largest allowed.
+fn sizes() -> Vec<usize> {
+    let max = max_rows();
+    let mut sizes: Vec<usize> = [0, 1, 2, 31, 1000, 4097, 65_537].into_iter().filter(|&n| n < max).collect();
+    sizes.push(max);
+    sizes
+}
+
+/// Key distributions: unique shuffled keys, few distinct keys, one heavy
+/// hitter, and a share of unmatchable keys (NULLs or out-of-range values).
+#[derive(Debug, Clone, Copy)]
+enum Keys {
+    DenseUnique,
+    FewDistinct,
+    Skewed,
+    WithUnmatchable,
+}
+
+fn keys<K: NormalizedKey>(rng: &mut StdRng, rows: usize, kind: Keys) -> Vec<K> {
+    let domain = (rows as u64).max(1);
+    let mut keys: Vec<u64> = match kind {
+        Keys::DenseUnique => (0..rows as u64).collect(),
+        Keys::FewDistinct => (0..rows).map(|_| rng.random_range(0..7)).collect(),
+        Keys::Skewed => {
+            (0..rows).map(|_| if rng.random_bool(0.7) { 42 } else { rng.random_range(0..domain) }).collect()
+        }
+        Keys::WithUnmatchable => (0..rows)
+            .map(|_| if rng.random_bool(0.2) { K::UNMATCHABLE.to_u64() } else { rng.random_range(0..domain) })
+            .collect(),
+    };
+    keys.shuffle(rng);
+    // 64-bit keys use their high bits too.
+    let spread = if K::BITS == 64 { 0x0100_0000_0001u64 } else { 1 };
+    keys.into_iter()
+        .map(|k| if k == K::UNMATCHABLE.to_u64() { K::UNMATCHABLE } else { K::from_u64(k.wrapping_mul(spread)) })
+        .collect()
+}
+
+fn payload(rng: &mut StdRng, rows: usize) -> ArrayRef {
+    Arc::new((0..rows).map(|_| rng.random_bool(0.9).then(|| rng.random::<i32>())).collect::<Int32Array>())
+}
+
+fn open<B: JoinBackend>(device: &B::Device) -> B {
+    B::open(device, Arc::new(DeviceCounters::default())).expect("backend opens")
+}
+
+/// A transformed relation brought back to the host for comparison.
+#[derive(Debug, PartialEq)]
+struct HostRelation<K> {
+    keys: Vec<K>,
+    row_ids: Option<Vec<u32>>,
+    payloads: Vec<ArrayRef>,
+    offsets: Vec<u32>,
+    layout: Layout,
+}
+
+fn to_host<B: JoinBackend, K: NormalizedKey>(backend: &B, relation: &Transformed<B, K>) -> HostRelation<K> {
+    HostRelation {
+        keys: backend.download(&relation.keys).unwrap(),
+        row_ids: relation.row_ids.as_ref().map(|ids| backend.download(ids).unwrap()),
+        payloads: relation.payloads.iter().map(|p| backend.download_column(p).unwrap()).collect(),
+        offsets: backend.download(&relation.offsets).unwrap(),
+        layout: relation.layout,
+    }
+}
+
+fn transform<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    keys: &[K],
+    payload: &ArrayRef,
+    layout: Layout,
+) -> Transformed<B, K> {
+    let keys = backend.upload(keys).unwrap();
+    let payload = backend.upload_column(payload).unwrap();
+    match layout {
+        Layout::Partitioned(spec) => backend.partition(&keys, &[&payload], true, spec).unwrap(),
+        Layout::Sorted => backend.sort(&keys, &[&payload], true).unwrap(),
+    }
+}
+
+/// The definition of a transform: a stable sort by partition id (or key).
+fn expected_order<K: NormalizedKey>(keys: &[K], layout: Layout) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+    match layout {
+        Layout::Partitioned(spec) => order.sort_by_key(|&r| spec.partition_of(keys[r as usize])),
+        Layout::Sorted => order.sort_by_key(|&r| keys[r as usize]),
+    }
+    order
+}
+
+/// Pairs of equal, matchable keys as (build row, probe row), sorted.
+fn expected_matches<K: NormalizedKey>(build: &[K], probe: &[K]) -> Vec<(u32, u32)> {
+    let mut by_key: std::collections::HashMap<K, Vec<u32>> = Default::default();
+    for (row, key) in build.iter().enumerate().filter(|(_, k)| **k != K::UNMATCHABLE) {
+        by_key.entry(*key).or_default().push(row as u32);
+    }
+    let mut pairs: Vec<(u32, u32)> = probe
+        .iter()
+        .enumerate()
+        .flat_map(|(p, key)| by_key.get(key).into_iter().flatten().map(move |&b| (b, p as u32)))
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+fn matches_as_rows<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    probe: &Transformed<B, K>,
+    spaces: (Space, Space),
+) -> Vec<(u32, u32)> {
+    let candidates = match build.layout {
+        Layout::Partitioned(_) => backend.hash_match(build, probe, spaces).unwrap(),
+        Layout::Sorted => backend.merge_match(build, probe, spaces).unwrap(),
+    };
+    let rows = |positions: &B::Vector<u32>, relation: &Transformed<B, K>, space: Space| -> Vec<u32> {
+        let positions = backend.download(positions).unwrap();
+        match space {
+            Space::Original => positions,
+            Space::Transformed => {
+                let ids = backend.download(relation.row_ids.as_ref().unwrap()).unwrap();
+                positions.iter().map(|&p| ids[p as usize]).collect()
+            }
+        }
+    };
+    let mut pairs: Vec<(u32, u32)> =
+        rows(&candidates.build, build, spaces.0).into_iter().zip(rows(&candidates.probe, probe, spaces.1)).collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Device, rng: &mut StdRng, case: &str) {
+    let (cpu, tested) = (open::<CpuBackend>(&()), open::<B>(device));
+    for &rows in &sizes() {
+        for kind in [Keys::DenseUnique, Keys::FewDistinct, Keys::Skewed, Keys::WithUnmatchable] {
+            let probe_rows = rows + rows / 3 + 1;
+            let (build_keys, probe_keys) = (keys::<K>(rng, rows, kind), keys::<K>(rng, probe_rows, kind));
+            let (build_payload, probe_payload) = (payload(rng, rows), payload(rng, probe_rows));
+            let bits = PartitionSpec::for_build_rows(rows, tested.partition_target_rows()).bits;
+            // Repeated keys make (nearly) a cartesian product; keep it small.
+            if matches!(kind, Keys::FewDistinct | Keys::Skewed) && rows > 1_000 {
+                continue;
+            }
+            for layout in [
+                Layout::Partitioned(PartitionSpec { bits }),
+                Layout::Partitioned(PartitionSpec { bits: 0 }),
+                Layout::Sorted,
+            ] {
+                let what = format!("{case}: {rows} rows, {kind:?}, {layout:?}");
+                let reference = to_host(&cpu, &transform(&cpu, &build_keys, &build_payload, layout));
+                let order = expected_order(&build_keys, layout);
+                assert_eq!(reference.row_ids.as_ref(), Some(&order), "{what}: CPU transform is not a stable partition");
+                assert_eq!(reference.keys, order.iter().map(|&r| build_keys[r as usize]).collect::<Vec<_>>(), "{what}");
+                let expected_payload = take(build_payload.as_ref(), &UInt32Array::from(order.clone()), None).unwrap();
+                assert_eq!(reference.payloads[0].as_ref(), expected_payload.as_ref(), "{what}");
+
+                let build = transform(&tested, &build_keys, &build_payload, layout);
+                assert_eq!(
+                    to_host(&tested, &build),
+                    reference,
+                    "{what}: transformed relation differs from the CPU backend's"
+                );
+                let probe = transform(&tested, &probe_keys, &probe_payload, layout);
+                let expected = expected_matches(&build_keys, &probe_keys);
+                for spaces in [
+                    (Space::Transformed, Space::Transformed),
+                    (Space::Original, Space::Original),
+                    (Space::Transformed, Space::Original),
+                ] {
+                    let actual = matches_as_rows(&tested, &build, &probe, spaces);
+                    assert!(
+                        actual == expected,
+                        "{what}, {spaces:?}: {} matches, expected {}",
+                        actual.len(),
+                        expected.len()
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng) {
+    let tested = open::<B>(device);
+    for &rows in &sizes() {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new((0..rows).map(|i| (i % 5 != 0).then_some(i as i8)).collect::<Int8Array>()),
+            Arc::new((0..rows).map(|i| (i % 3 != 0).then_some(i as i16)).collect::<Int16Array>()),
+            payload(rng, rows),
+            Arc::new((0..rows).map(|i| (i % 7 != 0).then_some(i as i64 * -3)).collect::<Int64Array>()),
+            Arc::new((0..rows).map(|i| (i % 2 != 0).then_some(i as f64 / 3.0)).collect::<Float64Array>()),
+            Arc::new(
+                (0..rows)
+                    .map(|i| (i % 4 != 0).then_some(i as i128 * 1_000_000_007))
+                    .collect::<Decimal128Array>()
+                    .with_precision_and_scale(38, 4)
+                    .unwrap(),
+            ),
+            Arc::new((0..rows).map(|i| (i % 6 != 0).then_some(i % 3 == 0)).collect::<BooleanArray>()),
+            Arc::new((0..rows).map(|i| (i % 5 != 1).then(|| format!("s{i}"))).collect::<StringArray>()),
+        ];
+        let positions: Vec<u32> = (0..rows + rows / 2)
+            .map(|_| if rows == 0 || rng.random_bool(0.1) { NULL_POSITION } else { rng.random_range(0..rows as u32) })
+            .collect();
+        let device_positions = tested.upload(&positions).unwrap();
+        let indices: UInt32Array = positions.iter().map(|&p| (p != NULL_POSITION).then_some(p)).collect();
+        for column in columns.iter().filter(|c| tested.holds_column(c.data_type())) {
+            let gathered =
+                tested.gather_column(&tested.upload_column(column).unwrap(), &device_positions, true).unwrap();
+            let expected = take(column.as_ref(), &indices, None).unwrap();
+            assert_eq!(
+                tested.download_column(&gathered).unwrap().as_ref(),
+                expected.as_ref(),
+                "{rows} rows of {}",
+                column.data_type()
+            );
+        }
+
+        let values: Vec<u32> = (0..rows as u32).map(|i| i.wrapping_mul(2_654_435_761) % (rows as u32 + 1)).collect();
+        let gathered = tested
+            .download(&tested.gather_positions(&tested.upload(&values).unwrap(), &device_positions).unwrap())
+            .unwrap();
+        let expected: Vec<u32> =
+            positions.iter().map(|&p| if p == NULL_POSITION { NULL_POSITION } else { values[p as usize] }).collect();
+        assert_eq!(gathered, expected, "gather_positions, {rows} rows");
+
+        let keep: Vec<u8> = positions.iter().map(|_| u8::from(rng.random_bool(0.4))).collect();
+        let selected =
+            tested.download(&tested.select(&device_positions, &tested.upload(&keep).unwrap()).unwrap()).unwrap();
+        let expected: Vec<u32> = positions.iter().zip(&keep).filter(|(_, k)| **k != 0).map(|(p, _)| *p).collect();
+        assert_eq!(selected, expected, "select, {rows} rows");
+
+        assert_eq!(tested.download(&tested.sequence(rows).unwrap()).unwrap(), (0..rows as u32).collect::<Vec<_>>());
+        assert_eq!(tested.download(&tested.null_positions(rows).unwrap()).unwrap(), vec![NULL_POSITION; rows]);
+        let joined =
+            tested.download(&tested.concat(&device_positions, &tested.sequence(rows).unwrap()).unwrap()).unwrap();
+        assert_eq!(joined, [positions.clone(), (0..rows as u32).collect()].concat());
+
+        let sort_keys: Vec<u32> = positions.iter().map(|p| p % 97).collect();
+        let (sorted_keys, sorted_values) =
+            tested.sort_pairs(&tested.upload(&sort_keys).unwrap(), &device_positions).unwrap();
+        let mut order: Vec<usize> = (0..positions.len()).collect();
+        order.sort_by_key(|&i| sort_keys[i]);
+        assert_eq!(tested.download(&sorted_keys).unwrap(), order.iter().map(|&i| sort_keys[i]).collect::<Vec<_>>());
+        assert_eq!(
+            tested.download(&sorted_values).unwrap(),
+            order.iter().map(|&i| positions[i]).collect::<Vec<_>>(),
+            "sort_pairs is stable"
+        );
+
+        let flags = tested.new_flags(rows).unwrap();
+        tested.set_flags(&flags, &device_positions).unwrap();
+        let mut expected = vec![false; rows];
+        positions.iter().filter(|&&p| p != NULL_POSITION).for_each(|&p| expected[p as usize] = true);
+        assert_eq!(tested.download_flags(&flags).unwrap(), expected);
+        let set: Vec<u32> = (0..rows as u32).filter(|&i| expected[i as usize]).collect();
+        let unset: Vec<u32> = (0..rows as u32).filter(|&i| !expected[i as usize]).collect();
+        assert_eq!(tested.download(&tested.flagged(&flags, true).unwrap()).unwrap(), set);
+        assert_eq!(tested.download(&tested.flagged(&flags, false).unwrap()).unwrap(), unset);
+    }
+}
+
+fn check_backend<B: JoinBackend>(device: &B::Device) {
+    let seed = seed();
+    println!("primitives: seed {seed} (GPU_JOIN_PRIMITIVE_SEED), up to {} rows", max_rows());
+    let mut rng = StdRng::seed_from_u64(seed);
+    check_transform_and_match::<B, u32>(device, &mut rng, "32-bit keys");
+    check_transform_and_match::<B, u64>(device, &mut rng, "64-bit keys");
+    check_gathers_and_flags::<B>(device, &mut rng);
+}
+
+#[test]
+fn primitives_match_the_cpu_reference() {
+    match test_backend() {
+        BackendHandle::Cpu => check_backend::<CpuBackend>(&()),
+        BackendHandle::Cuda(device) => check_backend::<CudaBackend>(&device),
+    }
+}
