@@ -1,12 +1,13 @@
 // Match finding.
 //
-// Hash match: one block per work unit, a piece of one co-partition (at most
-// MATCH_BUILD_ROWS build rows, and a slice of the probe partition; large
-// partitions are split into several units, so skew spreads over blocks).
-// The block builds an open-addressing hash table of its build rows in shared
-// memory and streams its probe rows through it. Matches are appended with
-// one atomic add per warp (warp-aggregated), so their order is arbitrary;
-// a count past `capacity` makes the host retry with an exact buffer.
+// Hash match: one block per work unit, a piece of one co-partition (as many
+// build rows as a shared-memory hash table holds, and a slice of the probe
+// partition; large partitions are split into several units, so skew spreads
+// over blocks). The block builds an open-addressing hash table of its build
+// rows in shared memory and streams its probe rows through it. Count, then
+// write (He et al.): a first launch counts each unit's matches, the counts
+// are scanned, and a second launch writes each unit's matches into its own
+// range, warps reserving room with one shared-memory atomic add each.
 //
 // Merge match: both relations are sorted; each probe row finds its run of
 // equal build keys by binary search, the run lengths are scanned, and each
@@ -23,11 +24,12 @@ __device__ __forceinline__ u32 output_position(u32 position, const u32* row_ids)
     return row_ids ? row_ids[position] : position;
 }
 
-template <typename K>
+template <typename K, bool WRITE>
 __device__ void hash_match(const K* build_keys, const K* probe_keys, const WorkUnit* units,
                            const u32* build_row_ids, const u32* probe_row_ids, u32* out_build,
-                           u32* out_probe, u64* out_count, u64 capacity) {
+                           u32* out_probe, u64* unit_matches) {
     extern __shared__ u64 shared_words[];
+    __shared__ u32 found_in_unit;
     const WorkUnit unit = units[blockIdx.x];
     const u32 build_rows = unit.build_end - unit.build_begin;
     // Load factor at most 3/4; table_slots in the host code computes the same.
@@ -38,6 +40,7 @@ __device__ void hash_match(const K* build_keys, const K* probe_keys, const WorkU
     u32* table_positions = (u32*)(table_keys + slots);
     const K empty = Key<K>::unmatchable();
 
+    if (threadIdx.x == 0) found_in_unit = 0;
     for (u32 s = threadIdx.x; s < slots; s += BLOCK) table_keys[s] = empty;
     __syncthreads();
     for (u32 i = threadIdx.x; i < build_rows; i += BLOCK) {
@@ -49,6 +52,7 @@ __device__ void hash_match(const K* build_keys, const K* probe_keys, const WorkU
     __syncthreads();
 
     const u32 lane = lane_id();
+    const u64 unit_base = WRITE ? unit_matches[blockIdx.x] : 0;
     for (u32 first = unit.probe_begin; first < unit.probe_end; first += BLOCK) {
         const u32 probe = first + threadIdx.x;
         bool walking = probe < unit.probe_end;
@@ -72,18 +76,22 @@ __device__ void hash_match(const K* build_keys, const K* probe_keys, const WorkU
             const u32 finders = __ballot_sync(FULL_MASK, found);
             if (finders) {
                 const u32 leader = __ffs(finders) - 1;
-                u64 warp_base = 0;
-                if (lane == leader) warp_base = atomicAdd(out_count, (u64)__popc(finders));
-                warp_base = __shfl_sync(FULL_MASK, warp_base, leader);
-                if (found) {
-                    const u64 at = warp_base + __popc(finders & lanes_below());
-                    if (at < capacity) {
+                u32 warp_base = 0;
+                if (lane == leader) warp_base = atomicAdd(&found_in_unit, __popc(finders));
+                if (WRITE) {
+                    warp_base = __shfl_sync(FULL_MASK, warp_base, leader);
+                    if (found) {
+                        const u64 at = unit_base + warp_base + __popc(finders & lanes_below());
                         out_build[at] = output_position(build, build_row_ids);
                         out_probe[at] = output_position(probe, probe_row_ids);
                     }
                 }
             }
         }
+    }
+    if (!WRITE) {
+        __syncthreads();
+        if (threadIdx.x == 0) unit_matches[blockIdx.x] = found_in_unit;
     }
 }
 
@@ -134,11 +142,15 @@ extern "C" __global__ void merge_write(const u32* first, const u64* offsets, u32
 }
 
 #define MATCH_KERNELS(K)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(BLOCK) hash_match_##K(                                      \
+    extern "C" __global__ void __launch_bounds__(BLOCK) hash_count_##K(                                      \
+        const K* build_keys, const K* probe_keys, const WorkUnit* units, u64* unit_matches) {                \
+        hash_match<K, false>(build_keys, probe_keys, units, 0, 0, 0, 0, unit_matches);                       \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(BLOCK) hash_write_##K(                                      \
         const K* build_keys, const K* probe_keys, const WorkUnit* units, const u32* build_row_ids,           \
-        const u32* probe_row_ids, u32* out_build, u32* out_probe, u64* out_count, u64 capacity) {             \
-        hash_match<K>(build_keys, probe_keys, units, build_row_ids, probe_row_ids, out_build, out_probe,     \
-                      out_count, capacity);                                                                  \
+        const u32* probe_row_ids, u32* out_build, u32* out_probe, const u64* unit_offsets) {                 \
+        hash_match<K, true>(build_keys, probe_keys, units, build_row_ids, probe_row_ids, out_build,          \
+                            out_probe, (u64*)unit_offsets);                                                  \
     }                                                                                                        \
     extern "C" __global__ void merge_count_##K(const K* build_keys, u32 build_rows, const K* probe_keys,     \
                                                u32 probe_rows, u64* counts, u32* first) {                    \

@@ -43,65 +43,73 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
                               u32 digit_mask, u32 tiles, const u32* tile_offsets,
                               const ColumnMove* columns, u32 column_count, u32* generated_row_ids) {
     __shared__ u32 warp_counts[WARPS][MAX_DIGITS];
-    __shared__ u32 digit_count[MAX_DIGITS];
     __shared__ u32 digit_start[MAX_DIGITS];
     __shared__ u32 digit_offset[MAX_DIGITS];
     __shared__ u16 source_of_slot[TILE];
     __shared__ u8 digit_of_slot[TILE];
     __shared__ u32 scratch[WARPS];
 
-    const u32 tid = threadIdx.x, warp = tid >> 5;
+    const u32 tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
     const u64 base = (u64)blockIdx.x * TILE;
     const u32 tile_rows = (u32)min((u64)TILE, n - base);
 
-    for (u32 d = tid; d < MAX_DIGITS; d += BLOCK) digit_count[d] = 0;
+    for (u32 x = tid; x < WARPS * MAX_DIGITS; x += BLOCK) (&warp_counts[0][0])[x] = 0;
+    __syncthreads();
 
-    // Rank every item among the tile's items of its digit, in input order:
-    // round by round, within a round warp by warp, within a warp lane by lane.
+    // Each warp ranks its own run of WARP_ITEMS consecutive items, 32 at a
+    // time, against warp-private digit counters: items are ordered by
+    // (warp, round, lane), which is input order, so the ranking is stable.
+    const u32 WARP_ITEMS = TILE / WARPS;
     u32 item_digit[TILE_ITEMS];
     u32 item_rank[TILE_ITEMS];
-    for (u32 i = 0; i < TILE_ITEMS; i++) {
-        for (u32 x = tid; x < WARPS * MAX_DIGITS; x += BLOCK) (&warp_counts[0][0])[x] = 0;
-        __syncthreads();
-        const u32 item = i * BLOCK + tid;
+    for (u32 round = 0; round < TILE_ITEMS; round++) {
+        const u32 item = warp * WARP_ITEMS + round * 32 + lane;
         const bool valid = item < tile_rows;
         const u32 digit = valid ? digit_of<K>(keys_in[base + item], partition_bits, shift, digit_mask) : MAX_DIGITS;
         const u32 peers = __match_any_sync(FULL_MASK, digit);
-        const u32 rank_in_warp = __popc(peers & lanes_below());
-        if (valid && rank_in_warp == 0) warp_counts[warp][digit] = __popc(peers);
-        __syncthreads();
-        for (u32 d = tid; d < MAX_DIGITS; d += BLOCK) {
-            u32 running = digit_count[d];
-            for (u32 w = 0; w < WARPS; w++) {
-                u32 count = warp_counts[w][d];
-                warp_counts[w][d] = running;
-                running += count;
-            }
-            digit_count[d] = running;
-        }
-        __syncthreads();
-        item_digit[i] = digit;
-        item_rank[i] = valid ? warp_counts[warp][digit] + rank_in_warp : 0;
-        __syncthreads();
+        const u32 below = __popc(peers & lanes_below());
+        u32 before = 0;
+        if (valid) before = warp_counts[warp][digit];
+        __syncwarp();
+        if (valid && below == 0) warp_counts[warp][digit] = before + __popc(peers);
+        __syncwarp();
+        item_digit[round] = digit;
+        item_rank[round] = before + below;
     }
+    __syncthreads();
 
+    // Per digit: where each warp's items start among the tile's items of
+    // that digit, and how many there are in all.
+    for (u32 d = tid; d < MAX_DIGITS; d += BLOCK) {
+        u32 running = 0;
+        for (u32 w = 0; w < WARPS; w++) {
+            const u32 count = warp_counts[w][d];
+            warp_counts[w][d] = running;
+            running += count;
+        }
+        digit_start[d] = running;
+    }
+    __syncthreads();
     // Where each digit's run starts in the tile and in the output.
-    for (u32 d0 = 0; d0 < MAX_DIGITS; d0 += BLOCK) {
-        const u32 d = d0 + tid;
+    {
+        const u32 d = tid;
         u32 total;
-        const u32 start = block_exclusive_scan<u32>(d < MAX_DIGITS ? digit_count[d] : 0u, &total, scratch);
+        const u32 count = d < MAX_DIGITS ? digit_start[d] : 0u;
+        __syncthreads();
+        const u32 start = block_exclusive_scan<u32>(count, &total, scratch);
         if (d < MAX_DIGITS) {
             digit_start[d] = start;
             digit_offset[d] = d <= digit_mask ? tile_offsets[(u64)d * tiles + blockIdx.x] : 0u;
         }
     }
     __syncthreads();
-    for (u32 i = 0; i < TILE_ITEMS; i++) {
-        const u32 item = i * BLOCK + tid;
+    for (u32 round = 0; round < TILE_ITEMS; round++) {
+        const u32 item = warp * WARP_ITEMS + round * 32 + lane;
         if (item < tile_rows) {
-            const u32 slot = digit_start[item_digit[i]] + item_rank[i];
+            const u32 digit = item_digit[round];
+            const u32 slot = digit_start[digit] + warp_counts[warp][digit] + item_rank[round];
             source_of_slot[slot] = (u16)item;
-            digit_of_slot[slot] = (u8)item_digit[i];
+            digit_of_slot[slot] = (u8)digit;
         }
     }
     __syncthreads();

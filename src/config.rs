@@ -91,6 +91,21 @@ config_enum! {
 }
 
 config_enum! {
+    /// When matches leave in probe row order, as HashJoinExec emits them.
+    ProbeOrderChoice {
+        /// When the plan relies on it, and for small probe chunks, where it
+        /// costs nothing measurable (so that small results, LIMIT without
+        /// ORDER BY among them, come out exactly as DataFusion's).
+        #[default]
+        Auto => "auto",
+        /// Always, at the cost of unclustered gathers on large joins.
+        Always => "always",
+        /// Only when the plan relies on the probe side's order.
+        Required => "required",
+    } default Auto
+}
+
+config_enum! {
     /// Which join placement decisions are written to the log.
     ExplainChoice {
         /// Nothing is logged.
@@ -191,6 +206,8 @@ extensions_options! {
         pub memory_limit: MemoryLimit, default = MemoryLimit::Auto
         /// Probe rows gathered into one chunk before it is joined.
         pub probe_chunk_rows: usize, default = 1 << 24
+        /// When matches keep the probe side's row order: auto, always or required.
+        pub keep_probe_order: ProbeOrderChoice, default = ProbeOrderChoice::Auto
         /// Which placement decisions are logged: none, not_on_gpu or all.
         pub explain: ExplainChoice, default = ExplainChoice::NotOnGpu
     }

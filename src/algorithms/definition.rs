@@ -3,7 +3,11 @@ use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
-use crate::config::{AlgorithmChoice, MaterializationChoice};
+use crate::config::{AlgorithmChoice, MaterializationChoice, ProbeOrderChoice};
+
+/// Probe chunks of up to this many rows keep probe order under
+/// `gpu_join.keep_probe_order = auto`.
+pub const SMALL_PROBE_CHUNK_ROWS: usize = 1 << 16;
 
 /// Where an output column comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,9 +34,12 @@ pub struct JoinDefinition {
     /// The operator's output schema (after the embedded projection).
     pub output_schema: SchemaRef,
     pub output_columns: Vec<OutputColumn>,
-    /// Emit probe-side matches in probe row order (HashJoinExec's promise
-    /// for Inner, Right, RightSemi, RightAnti and RightMark joins).
-    pub preserve_probe_order: bool,
+    /// The plan relies on probe-side matches leaving in probe row order
+    /// (HashJoinExec's promise for Inner, Right, RightSemi, RightAnti and
+    /// RightMark joins over an ordered probe input).
+    pub probe_order_required: bool,
+    /// When probe order is kept although the plan does not rely on it.
+    pub keep_probe_order: ProbeOrderChoice,
     pub algorithm: AlgorithmChoice,
     pub materialization: MaterializationChoice,
 }
@@ -48,6 +55,17 @@ impl JoinDefinition {
                 JoinSide::None => OutputColumn::Mark,
             })
             .collect()
+    }
+
+    /// Whether the matches of a probe chunk of `rows` rows leave in probe
+    /// row order.
+    pub(crate) fn keeps_probe_order(&self, rows: usize) -> bool {
+        self.probe_order_required
+            || match self.keep_probe_order {
+                ProbeOrderChoice::Always => true,
+                ProbeOrderChoice::Auto => rows <= SMALL_PROBE_CHUNK_ROWS,
+                ProbeOrderChoice::Required => false,
+            }
     }
 
     /// Build-side columns the output needs, ascending, without repeats.

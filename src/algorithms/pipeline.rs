@@ -213,7 +213,10 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     timers: &PhaseTimers,
 ) -> Result<RecordBatch> {
     let timer = timers.transform.timer();
-    let space = build.strategy.probe_space;
+    // Probe order is kept by matching in original probe rows, then
+    // ordering the pairs by them.
+    let keep_probe_order = definition.keeps_probe_order(batch.num_rows());
+    let space = if keep_probe_order { Space::Original } else { build.strategy.probe_space };
     let (placements, to_transform) = place_columns(backend, &batch, &definition.probe_output_columns(), space)?;
     let with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
@@ -236,7 +239,14 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     let candidates = find_matches(backend, build_relation, &probe_relation, (build.strategy.build_space, space))?;
     let matches =
         residual::apply(backend, definition, build.encoder.exactness(), &build_view, &probe_view, candidates)?;
-    let rows = resolve_probe_chunk(backend, definition, matches, probe_relation.rows, build.visited.as_ref())?;
+    let rows = resolve_probe_chunk(
+        backend,
+        definition,
+        matches,
+        probe_relation.rows,
+        build.visited.as_ref(),
+        keep_probe_order,
+    )?;
     timer.done();
 
     let _timer = timers.materialize.timer();

@@ -31,8 +31,15 @@ pub(crate) fn apply<B: JoinBackend>(
     if count == 0 || (!verify && definition.filter.is_none()) {
         return Ok(candidates);
     }
-    let build_rows = build.original_rows(backend, &candidates.build)?;
-    let probe_rows = probe.original_rows(backend, &candidates.probe)?;
+    // Original rows of a side only when something reads that side.
+    let build_rows = match verify || definition.filter_reads(JoinSide::Left) {
+        true => build.original_rows(backend, &candidates.build)?,
+        false => vec![],
+    };
+    let probe_rows = match verify || definition.filter_reads(JoinSide::Right) {
+        true => probe.original_rows(backend, &candidates.probe)?,
+        false => vec![],
+    };
     let mut keep = vec![true; count];
     if verify {
         verify_candidates(build.keys, probe.keys, &build_rows, &probe_rows, definition.null_equality, &mut keep)?;
@@ -51,7 +58,8 @@ pub(crate) fn apply<B: JoinBackend>(
     })
 }
 
-/// Evaluates the filter on the pairs still kept; NULL counts as false.
+/// Evaluates the filter on the pairs still kept; NULL counts as false. A
+/// side's rows are empty when the filter does not read that side.
 fn apply_filter(
     filter: &JoinFilter,
     build_batch: &RecordBatch,
@@ -62,8 +70,13 @@ fn apply_filter(
 ) -> Result<()> {
     let pending: Vec<usize> = keep.iter().enumerate().filter(|(_, k)| **k).map(|(i, _)| i).collect();
     for slice in pending.chunks(FILTER_SLICE_ROWS) {
-        let build_indices: UInt32Array = slice.iter().map(|&i| build_rows[i]).collect();
-        let probe_indices: UInt32Array = slice.iter().map(|&i| probe_rows[i]).collect();
+        let rows_of = |rows: &[u32]| -> UInt32Array {
+            match rows.is_empty() {
+                true => UInt32Array::from(Vec::<u32>::new()),
+                false => slice.iter().map(|&i| rows[i]).collect(),
+            }
+        };
+        let (build_indices, probe_indices) = (rows_of(build_rows), rows_of(probe_rows));
         let columns = filter
             .column_indices()
             .iter()

@@ -64,6 +64,7 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
     matches: Candidates<B>,
     probe_rows: usize,
     visited: Option<&B::Flags>,
+    keep_probe_order: bool,
 ) -> Result<OutputRows<B>> {
     if let Some(visited) = visited {
         backend.set_flags(visited, &matches.build)?;
@@ -95,7 +96,7 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
             OutputRows::probe_only(backend, backend.sequence(probe_rows)?, Some(mark))
         }
     };
-    if definition.preserve_probe_order {
+    if keep_probe_order {
         return in_probe_order(backend, rows);
     }
     Ok(rows)

@@ -40,10 +40,7 @@ impl Strategy {
             MaterializationChoice::Untransformed => Space::Original,
             MaterializationChoice::Auto => backend_preference,
         };
-        // Probe order is kept by gathering probe payloads by row id in row
-        // order, so the probe side then reads its original rows.
-        let probe_space = if definition.preserve_probe_order { Space::Original } else { preferred };
-        Self { algorithm, build_space: preferred, probe_space }
+        Self { algorithm, build_space: preferred, probe_space: preferred }
     }
 
     /// `PHJ-OM`, `SMJ-UM`, … as in the paper; mixed sides read e.g. `PHJ-OM/UM`.

@@ -98,8 +98,9 @@ pub struct PartitionSpec {
 }
 
 impl PartitionSpec {
-    /// Most radix bits: two 8-bit passes, as in the GFTR paper.
-    pub const MAX_BITS: u32 = 16;
+    /// Most radix bits: with the unmatchable partition, partition ids fit
+    /// 16 bits, two 8-bit radix passes (the GFTR paper uses 15 or 16).
+    pub const MAX_BITS: u32 = 15;
 
     /// Enough partitions that the average build partition holds about
     /// `target_rows` rows.

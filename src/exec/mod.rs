@@ -94,8 +94,9 @@ impl GpuJoinExec {
             filter: twin.filter().cloned(),
             output_schema: twin.schema(),
             output_columns: JoinDefinition::output_columns_from(&column_indices),
-            preserve_probe_order: ExecutionPlan::maintains_input_order(twin)[1]
+            probe_order_required: ExecutionPlan::maintains_input_order(twin)[1]
                 && twin.right().output_ordering().is_some(),
+            keep_probe_order: options.keep_probe_order,
             algorithm: options.algorithm,
             materialization: options.materialization,
         })
@@ -105,7 +106,7 @@ impl GpuJoinExec {
         let twin = Arc::new(twin);
         let definition = Arc::new(JoinDefinition {
             output_schema: twin.schema(),
-            preserve_probe_order: ExecutionPlan::maintains_input_order(twin.as_ref())[1]
+            probe_order_required: ExecutionPlan::maintains_input_order(twin.as_ref())[1]
                 && twin.right().output_ordering().is_some(),
             ..self.definition.as_ref().clone()
         });
@@ -168,7 +169,7 @@ impl GpuJoinExec {
     }
 
     pub fn preserves_probe_order(&self) -> bool {
-        self.definition.preserve_probe_order
+        self.definition.probe_order_required
     }
 }
 
@@ -186,7 +187,7 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![false, self.definition.preserve_probe_order]
+        vec![false, self.definition.probe_order_required]
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {

@@ -6,7 +6,7 @@
 //! bitmaps on the device before they are downloaded.
 
 use arrow::array::{Array, ArrayData, ArrayRef, make_array};
-use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
 use arrow::datatypes::DataType;
 use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
@@ -84,7 +84,10 @@ impl CudaBackend {
         let values = if column.data_type == DataType::Boolean {
             self.pack(&column.values, column.len, what)?.into_inner()
         } else {
-            Buffer::from_vec(column.values.download(what)?)
+            // Arrow buffers must be aligned for their values, a Vec<u8> is not.
+            let mut buffer = MutableBuffer::from_len_zeroed(column.len * column.width);
+            column.values.download_into(buffer.as_slice_mut(), what)?;
+            buffer.into()
         };
         let nulls = match &column.validity {
             Some(validity) => {

@@ -101,6 +101,21 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
         let max_shared_bytes = context
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| format!("querying shared memory: {e}"))? as u32;
+        // Set once, before any launch: changing it while other partitions
+        // launch the same kernel could fail their launches.
+        let table_bytes = super::matching::table_limit(max_shared_bytes);
+        for name in super::matching::TABLE_KERNELS {
+            let function = kernels.get(name).ok_or_else(|| format!("kernel {name} is not loaded"))?;
+            // SAFETY: the function belongs to the module loaded above.
+            unsafe {
+                cudarc::driver::result::function::set_function_attribute(
+                    function.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    table_bytes as i32,
+                )
+            }
+            .map_err(|e| format!("kernel {name}: {table_bytes} bytes of shared memory: {e}"))?;
+        }
         Ok(CudaDevice {
             context,
             kernels,

@@ -26,7 +26,7 @@ const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 32] = [
+pub(crate) const KERNEL_NAMES: [&str; 34] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -41,8 +41,10 @@ pub(crate) const KERNEL_NAMES: [&str; 32] = [
     "partition_offsets_u64",
     "sorted_offsets_u32",
     "sorted_offsets_u64",
-    "hash_match_u32",
-    "hash_match_u64",
+    "hash_count_u32",
+    "hash_count_u64",
+    "hash_write_u32",
+    "hash_write_u64",
     "merge_count_u32",
     "merge_count_u64",
     "merge_write",

@@ -21,6 +21,14 @@ const PROBE_SLICE_ROWS: u32 = 16 * 1024;
 /// Shared memory a work unit's hash table may use.
 const TABLE_BYTES: u32 = 96 * 1024;
 
+/// Shared memory of one work unit's table on a device that allows `max`.
+pub(super) fn table_limit(max_shared_bytes: u32) -> u32 {
+    TABLE_BYTES.min(max_shared_bytes)
+}
+
+/// Kernels whose blocks use a work unit's table in dynamic shared memory.
+pub(super) const TABLE_KERNELS: [&str; 4] = ["hash_count_u32", "hash_count_u64", "hash_write_u32", "hash_write_u64"];
+
 /// Hash table slots for `build_rows` rows (load factor at most 3/4); the
 /// kernel computes the same.
 fn table_slots(build_rows: u32) -> u32 {
@@ -92,7 +100,7 @@ impl CudaBackend {
         if build_spec != probe_spec {
             return internal_err!("hash_match: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
         }
-        let limit = TABLE_BYTES.min(self.placement.device.max_shared_bytes);
+        let limit = table_limit(self.placement.device.max_shared_bytes);
         let max_build_rows = build_rows_per_unit::<K>(limit);
         let build_offsets = build.offsets.download("build partition offsets")?;
         let probe_offsets = probe.offsets.download("probe partition offsets")?;
@@ -102,42 +110,35 @@ impl CudaBackend {
             return self.empty_candidates();
         }
         let shared = (0..unit_count).map(|u| table_bytes::<K>(units[4 * u + 1] - units[4 * u])).max().unwrap_or(0);
-        let kernel = self.kernel_name::<K>("hash_match");
-        self.allow_shared_memory(&kernel, shared)?;
         let units = DeviceBuffer::upload(&self.placement, &units, "work units")?;
         let (build_ids, probe_ids) =
             (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
-        // Most joins match each probe row at most once; a larger result
-        // runs again with a buffer of the exact size.
-        let matchable_probe_rows = probe_offsets.get(probe_offsets.len().saturating_sub(2)).copied().unwrap_or(0);
-        let mut capacity = u64::from(matchable_probe_rows).max(1024);
-        loop {
-            let capacity_rows = usize::try_from(capacity).map_err(|_| {
-                datafusion::common::resources_datafusion_err!("{capacity} matches do not fit in memory")
-            })?;
-            let mut out_build = DeviceBuffer::<u32>::alloc(&self.placement, capacity_rows, "matched build positions")?;
-            let mut out_probe = DeviceBuffer::<u32>::alloc(&self.placement, capacity_rows, "matched probe positions")?;
-            let count = DeviceBuffer::<u64>::filled(&self.placement, 1, 0, "a match count")?;
-            let args = [
-                Arg::from(build.keys.pointer()),
-                probe.keys.pointer().into(),
-                units.pointer().into(),
-                build_ids.into(),
-                probe_ids.into(),
-                out_build.pointer().into(),
-                out_probe.pointer().into(),
-                count.pointer().into(),
-                capacity.into(),
-            ];
-            self.launch_blocks(&kernel, unit_count as u64, shared, probe.rows as u64, &args)?;
-            let matches = count.download_at(0, "the match count")?;
-            if matches <= capacity {
-                out_build.truncate(matches as usize);
-                out_probe.truncate(matches as usize);
-                return Ok(Candidates { build: out_build, probe: out_probe });
-            }
-            capacity = matches;
-        }
+        // Count, then write: every unit learns where its matches go.
+        let unit_matches = DeviceBuffer::<u64>::alloc(&self.placement, unit_count, "matches per work unit")?;
+        let args = [
+            Arg::from(build.keys.pointer()),
+            probe.keys.pointer().into(),
+            units.pointer().into(),
+            unit_matches.pointer().into(),
+        ];
+        self.launch_blocks(&self.kernel_name::<K>("hash_count"), unit_count as u64, shared, probe.rows as u64, &args)?;
+        let total = self.exclusive_scan(&unit_matches)?.read()?;
+        let total = usize::try_from(total)
+            .map_err(|_| datafusion::common::resources_datafusion_err!("{total} matches do not fit in memory"))?;
+        let out_build = DeviceBuffer::<u32>::alloc(&self.placement, total, "matched build positions")?;
+        let out_probe = DeviceBuffer::<u32>::alloc(&self.placement, total, "matched probe positions")?;
+        let args = [
+            Arg::from(build.keys.pointer()),
+            probe.keys.pointer().into(),
+            units.pointer().into(),
+            build_ids.into(),
+            probe_ids.into(),
+            out_build.pointer().into(),
+            out_probe.pointer().into(),
+            unit_matches.pointer().into(),
+        ];
+        self.launch_blocks(&self.kernel_name::<K>("hash_write"), unit_count as u64, shared, probe.rows as u64, &args)?;
+        Ok(Candidates { build: out_build, probe: out_probe })
     }
 
     pub(super) fn merge_match_keys<K: NormalizedKey>(

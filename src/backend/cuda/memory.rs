@@ -40,11 +40,18 @@ pub struct DeviceBuffer<T> {
     _element: PhantomData<T>,
 }
 
+/// Makes the device's context current on the calling thread, as the driver
+/// calls below need (work runs on whichever blocking thread tokio picks).
+fn bind(placement: &Placement, what: &str) -> Result<()> {
+    placement.device.context.bind_to_thread().map_err(|e| cuda_error(what, e))
+}
+
 impl<T: Copy> DeviceBuffer<T> {
     /// `len` uninitialised elements.
     pub(crate) fn alloc(placement: &Placement, len: usize, what: &str) -> Result<Self> {
         // An empty buffer still gets a valid pointer.
         let bytes = (len.max(1) * size_of::<T>()) as u64;
+        bind(placement, what)?;
         placement.device.budget.reserve(bytes, what)?;
         // SAFETY: the stream belongs to the device's context.
         match unsafe { result::malloc_async(placement.stream.cu_stream(), bytes as usize) } {
@@ -62,6 +69,7 @@ impl<T: Copy> DeviceBuffer<T> {
     /// `len` elements whose bytes are all `byte`.
     pub(crate) fn filled(placement: &Placement, len: usize, byte: u8, what: &str) -> Result<Self> {
         let buffer = Self::alloc(placement, len, what)?;
+        bind(placement, what)?;
         // SAFETY: writes within the allocation, on its stream.
         unsafe { result::memset_d8_async(buffer.pointer, byte, buffer.bytes as usize, placement.stream.cu_stream()) }
             .map_err(|e| cuda_error(&format!("clearing {what}"), e))?;
@@ -85,6 +93,18 @@ impl<T: Copy> DeviceBuffer<T> {
         // SAFETY: initialised above.
         unsafe { host.set_len(self.len) };
         Ok(host)
+    }
+
+    /// Copies the whole buffer into `host`, which must have its size in bytes.
+    pub fn download_into(&self, host: &mut [u8], what: &str) -> Result<()> {
+        if host.len() != self.len * size_of::<T>() {
+            return Err(datafusion::common::internal_datafusion_err!(
+                "{what}: {} bytes into {}",
+                self.len * size_of::<T>(),
+                host.len()
+            ));
+        }
+        download_bytes(&self.placement, self.pointer, host, what)
     }
 
     /// Element `index`, read back to the host.
@@ -127,6 +147,7 @@ impl<T: Copy> DeviceBuffer<T> {
             return Err(datafusion::common::internal_datafusion_err!("{what}: copy past the end of a buffer"));
         }
         let bytes = source.len * size_of::<T>();
+        bind(&self.placement, what)?;
         // SAFETY: both ranges lie within their allocations.
         unsafe {
             result::memcpy_dtod_async(
@@ -142,8 +163,12 @@ impl<T: Copy> DeviceBuffer<T> {
 
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        // SAFETY: allocated on this stream; work that used it is ordered before.
-        if let Err(e) = unsafe { result::free_async(self.pointer, self.placement.stream.cu_stream()) } {
+        let freed = bind(&self.placement, "freeing device memory").and_then(|_| {
+            // SAFETY: allocated on this stream; work that used it is ordered before.
+            unsafe { result::free_async(self.pointer, self.placement.stream.cu_stream()) }
+                .map_err(|e| cuda_error("freeing device memory", e))
+        });
+        if let Err(e) = freed {
             log::warn!("gpu_join: freeing {} bytes of device memory failed: {e}", self.bytes);
         }
         self.placement.device.budget.release(self.bytes);
@@ -161,7 +186,8 @@ pub(crate) struct Staging {
 unsafe impl Send for Staging {}
 
 impl Staging {
-    fn new() -> Result<Self> {
+    fn new(placement: &Placement) -> Result<Self> {
+        bind(placement, "allocating pinned staging memory")?;
         let mut buffers = [std::ptr::null_mut(); 2];
         for buffer in buffers.iter_mut() {
             // SAFETY: allocates page-locked host memory.
@@ -208,6 +234,10 @@ fn synchronize(placement: &Placement, what: &str) -> Result<()> {
 }
 
 fn upload_bytes(placement: &Placement, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
+    if host.is_empty() {
+        return Ok(());
+    }
+    bind(placement, what)?;
     placement.counters.record_upload(host.len() as u64);
     let stream = placement.stream.cu_stream();
     if host.len() <= DIRECT_TRANSFER_BYTES {
@@ -215,7 +245,7 @@ fn upload_bytes(placement: &Placement, host: &[u8], destination: CUdeviceptr, wh
         unsafe { result::memcpy_htod_async(destination, host, stream) }.map_err(|e| cuda_error(what, e))?;
         return synchronize(placement, what);
     }
-    let mut staging = placement.device.take_staging()?;
+    let mut staging = placement.device.take_staging(placement)?;
     let events = staging_events(placement)?;
     for (i, chunk) in host.chunks(STAGING_BYTES).enumerate() {
         let b = i % 2;
@@ -235,6 +265,10 @@ fn upload_bytes(placement: &Placement, host: &[u8], destination: CUdeviceptr, wh
 }
 
 fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], what: &str) -> Result<()> {
+    if host.is_empty() {
+        return Ok(());
+    }
+    bind(placement, what)?;
     placement.counters.record_download(host.len() as u64);
     let stream = placement.stream.cu_stream();
     if host.len() <= DIRECT_TRANSFER_BYTES {
@@ -242,7 +276,7 @@ fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], w
         unsafe { result::memcpy_dtoh_async(host, source, stream) }.map_err(|e| cuda_error(what, e))?;
         return synchronize(placement, what);
     }
-    let mut staging = placement.device.take_staging()?;
+    let mut staging = placement.device.take_staging(placement)?;
     let events = staging_events(placement)?;
     let chunks: Vec<&mut [u8]> = host.chunks_mut(STAGING_BYTES).collect();
     let count = chunks.len();
@@ -275,10 +309,10 @@ fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], w
 
 impl CudaDevice {
     /// Staging buffers from the device's pool, or new ones.
-    pub(crate) fn take_staging(&self) -> Result<Staging> {
+    pub(crate) fn take_staging(&self, placement: &Placement) -> Result<Staging> {
         match self.staging.lock().ok().and_then(|mut pool| pool.pop()) {
             Some(staging) => Ok(staging),
-            None => Staging::new(),
+            None => Staging::new(placement),
         }
     }
 

@@ -110,20 +110,6 @@ impl CudaBackend {
             .map_err(|e| exec_datafusion_err!("GPU join kernel {kernel} failed to launch on {rows} rows: {e}"))
     }
 
-    /// Lets `kernel` use `bytes` of dynamic shared memory.
-    fn allow_shared_memory(&self, kernel: &str, bytes: u32) -> Result<()> {
-        let function = self.placement.device.kernel(kernel)?;
-        // SAFETY: the function belongs to a loaded module.
-        unsafe {
-            cudarc::driver::result::function::set_function_attribute(
-                function.cu_function(),
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-        }
-        .map_err(|e| exec_datafusion_err!("GPU join kernel {kernel}: {bytes} bytes of shared memory: {e}"))
-    }
-
     /// Waits for the stream's work; a kernel fault surfaces here.
     fn synchronize(&self, what: &str) -> Result<()> {
         self.placement.stream.synchronize().map_err(|e| device::cuda_error(what, e))

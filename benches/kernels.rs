@@ -1,0 +1,290 @@
+//! Kernel-level benchmark of the GPU join on the GFTR paper's workload, with
+//! inputs and outputs resident in device memory.
+//!
+//! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys; one
+//! payload column per side (narrow) or two (wide); 4-byte keys and payloads
+//! unless stated. Each algorithm's time is transform (partition both sides)
+//! + match (matched positions) + materialize (gather every payload column of
+//! both sides). Criterion measures the total; the table printed at the end
+//! gives the median of each phase over the measured runs.
+//!
+//! ```text
+//! cargo bench --bench kernels [-- --quick]       # GPU machine only
+//! GPU_JOIN_BENCH_SCALE=4 cargo bench --bench kernels   # 1/4 of the sizes
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, Int32Array, Int64Array};
+use criterion::{Criterion, criterion_group, criterion_main};
+use datafusion_gpu_join::backend::cuda::{CudaBackend, CudaColumn};
+use datafusion_gpu_join::backend::{
+    BackendHandle, DeviceCounters, JoinBackend, PartitionSpec, Space, Transformed, cuda_backend,
+};
+use datafusion_gpu_join::config::GpuJoinConfig;
+use datafusion_gpu_join::keys::NormalizedKey;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+/// One workload of the paper.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    name: &'static str,
+    build_rows: usize,
+    probe_rows: usize,
+    payloads: usize,
+    wide_values: bool,
+    /// Share of R's keys that S can match.
+    match_ratio: f64,
+    /// Zipf exponent of S's foreign keys (0 = uniform).
+    zipf: f64,
+}
+
+fn workloads(scale: usize) -> Vec<Workload> {
+    let (r, s) = ((1usize << 27) / scale, (1usize << 28) / scale);
+    let base = Workload {
+        name: "",
+        build_rows: r,
+        probe_rows: s,
+        payloads: 1,
+        wide_values: false,
+        match_ratio: 1.0,
+        zipf: 0.0,
+    };
+    vec![
+        Workload { name: "narrow", ..base },
+        Workload { name: "wide", payloads: 2, ..base },
+        Workload { name: "wide, match ratio 1/8", payloads: 2, match_ratio: 0.125, ..base },
+        Workload { name: "wide, zipf 1.0, |R| = |S|", payloads: 2, probe_rows: r, zipf: 1.0, ..base },
+        Workload { name: "narrow, 8-byte keys and payloads", wide_values: true, ..base },
+        Workload { name: "wide, 8-byte keys and payloads", payloads: 2, wide_values: true, ..base },
+    ]
+}
+
+/// Zipf-distributed ranks in `0..n` by inverting the cumulative weights.
+fn zipf_keys(rng: &mut StdRng, n: usize, count: usize, exponent: f64) -> Vec<u64> {
+    let mut cumulative = Vec::with_capacity(n);
+    let mut total = 0.0;
+    for rank in 1..=n {
+        total += 1.0 / (rank as f64).powf(exponent);
+        cumulative.push(total);
+    }
+    let seeds: Vec<u64> = (0..count).map(|_| rng.random()).collect();
+    seeds
+        .par_iter()
+        .map(|&seed| {
+            let u = (seed >> 11) as f64 / (1u64 << 53) as f64 * total;
+            cumulative.partition_point(|&c| c < u).min(n - 1) as u64
+        })
+        .collect()
+}
+
+/// (R keys, S keys) as described by the workload; non-matching R keys lie
+/// above every S key.
+fn keys(workload: &Workload, rng: &mut StdRng) -> (Vec<u64>, Vec<u64>) {
+    let r = workload.build_rows as u64;
+    let mut build: Vec<u64> = (0..r).collect();
+    build.shuffle(rng);
+    let matchable = (r as f64 * workload.match_ratio) as u64;
+    for key in build.iter_mut() {
+        if *key >= matchable {
+            *key += r;
+        }
+    }
+    let probe = if workload.zipf > 0.0 {
+        zipf_keys(rng, r as usize, workload.probe_rows, workload.zipf)
+    } else {
+        let seeds: Vec<u64> = (0..workload.probe_rows).map(|_| rng.random()).collect();
+        seeds.par_iter().map(|s| s % r).collect()
+    };
+    (build, probe)
+}
+
+fn payload(rows: usize, wide: bool, salt: i64) -> ArrayRef {
+    if wide {
+        Arc::new(Int64Array::from_iter_values((0..rows as i64).map(|i| i.wrapping_mul(31) ^ salt)))
+    } else {
+        Arc::new(Int32Array::from_iter_values((0..rows as i32).map(|i| i.wrapping_mul(31) ^ salt as i32)))
+    }
+}
+
+/// A side on the device: its keys and payload columns.
+struct Side<K: NormalizedKey> {
+    keys: <CudaBackend as JoinBackend>::Vector<K>,
+    payloads: Vec<CudaColumn>,
+}
+
+fn upload_side<K: NormalizedKey>(gpu: &CudaBackend, keys: &[u64], payloads: usize, wide: bool, salt: i64) -> Side<K> {
+    let keys: Vec<K> = keys.par_iter().map(|&k| K::from_u64(k)).collect();
+    let payloads = (0..payloads)
+        .map(|i| gpu.upload_column(&payload(keys.len(), wide, salt + i as i64)).expect("payload upload"))
+        .collect();
+    Side { keys: gpu.upload(&keys).expect("key upload"), payloads }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Pattern {
+    /// PHJ-OM: payloads partitioned with the keys, clustered gathers (GFTR).
+    Transformed,
+    /// PHJ-UM: keys partitioned with row ids, gathers by row id (GFUR).
+    Untransformed,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Phases {
+    transform: Duration,
+    matching: Duration,
+    materialize: Duration,
+}
+
+impl Phases {
+    fn total(&self) -> Duration {
+        self.transform + self.matching + self.materialize
+    }
+}
+
+/// One partitioned hash join, phase by phase.
+fn run<K: NormalizedKey>(gpu: &CudaBackend, build: &Side<K>, probe: &Side<K>, pattern: Pattern) -> (Phases, usize) {
+    let spec = PartitionSpec::for_build_rows(gpu.len(&build.keys), gpu.partition_target_rows());
+    let start = Instant::now();
+    let transform = |side: &Side<K>| -> Transformed<CudaBackend, K> {
+        match pattern {
+            Pattern::Transformed => {
+                let payloads: Vec<&CudaColumn> = side.payloads.iter().collect();
+                gpu.partition(&side.keys, &payloads, false, spec).expect("partition")
+            }
+            Pattern::Untransformed => gpu.partition(&side.keys, &[], true, spec).expect("partition"),
+        }
+    };
+    let (build_t, probe_t) = (transform(build), transform(probe));
+    gpu.finish().expect("transform");
+    let transformed = start.elapsed();
+
+    let spaces = match pattern {
+        Pattern::Transformed => (Space::Transformed, Space::Transformed),
+        Pattern::Untransformed => (Space::Original, Space::Original),
+    };
+    let matches = gpu.hash_match(&build_t, &probe_t, spaces).expect("match");
+    gpu.finish().expect("match");
+    let matched = start.elapsed();
+
+    let (build_columns, probe_columns) = match pattern {
+        Pattern::Transformed => (&build_t.payloads, &probe_t.payloads),
+        Pattern::Untransformed => (&build.payloads, &probe.payloads),
+    };
+    let mut output = vec![];
+    for column in build_columns {
+        output.push(gpu.gather_column(column, &matches.build, false).expect("gather"));
+    }
+    for column in probe_columns {
+        output.push(gpu.gather_column(column, &matches.probe, false).expect("gather"));
+    }
+    gpu.finish().expect("materialize");
+    let done = start.elapsed();
+    let rows = gpu.len(&matches.build);
+    drop(output);
+    (Phases { transform: transformed, matching: matched - transformed, materialize: done - matched }, rows)
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+struct Row {
+    workload: String,
+    algorithm: &'static str,
+    phases: Phases,
+    rows_per_second: f64,
+    output_rows: usize,
+}
+
+fn bench_workload<K: NormalizedKey>(
+    c: &mut Criterion,
+    gpu: &CudaBackend,
+    workload: &Workload,
+    results: &Mutex<Vec<Row>>,
+) {
+    let mut rng = StdRng::seed_from_u64(0x6a6f696e);
+    let (build_keys, probe_keys) = keys(workload, &mut rng);
+    let build = upload_side::<K>(gpu, &build_keys, workload.payloads, workload.wide_values, 1);
+    let probe = upload_side::<K>(gpu, &probe_keys, workload.payloads, workload.wide_values, 2);
+    drop((build_keys, probe_keys));
+    let mut group = c.benchmark_group(workload.name);
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    for (label, pattern) in [("PHJ-OM", Pattern::Transformed), ("PHJ-UM", Pattern::Untransformed)] {
+        let runs = Mutex::new(vec![]);
+        group.bench_function(label, |b| {
+            b.iter_custom(|iterations| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iterations {
+                    let (phases, rows) = run(gpu, &build, &probe, pattern);
+                    total += phases.total();
+                    runs.lock().expect("runs").push((phases, rows));
+                }
+                total
+            })
+        });
+        let runs = runs.into_inner().expect("runs");
+        let phase = |f: fn(&Phases) -> Duration| median(runs.iter().map(|(p, _)| f(p)).collect());
+        let phases = Phases {
+            transform: phase(|p| p.transform),
+            matching: phase(|p| p.matching),
+            materialize: phase(|p| p.materialize),
+        };
+        let total = median(runs.iter().map(|(p, _)| p.total()).collect());
+        results.lock().expect("results").push(Row {
+            workload: workload.name.to_string(),
+            algorithm: label,
+            phases,
+            rows_per_second: (workload.build_rows + workload.probe_rows) as f64 / total.as_secs_f64(),
+            output_rows: runs.first().map_or(0, |(_, r)| *r),
+        });
+    }
+    group.finish();
+}
+
+fn kernels(c: &mut Criterion) {
+    let mut options = GpuJoinConfig::default();
+    options.memory_limit = "90%".parse().expect("a valid limit");
+    let device = match cuda_backend(&options) {
+        Ok(BackendHandle::Cuda(device)) => device,
+        Ok(_) | Err(_) => {
+            eprintln!("kernels benchmark skipped: no usable CUDA device");
+            return;
+        }
+    };
+    let gpu = CudaBackend::open(&device, Arc::new(DeviceCounters::default())).expect("a CUDA backend");
+    let scale = std::env::var("GPU_JOIN_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
+    let results = Mutex::new(vec![]);
+    for workload in workloads(scale) {
+        if workload.wide_values {
+            bench_workload::<u64>(c, &gpu, &workload, &results);
+        } else {
+            bench_workload::<u32>(c, &gpu, &workload, &results);
+        }
+    }
+    println!("\nmedian per phase (ms), throughput (|R|+|S|)/time, inputs and outputs in device memory");
+    println!("| workload | algorithm | transform | match | materialize | total | G rows/s | output rows |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in results.into_inner().expect("results") {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            row.workload,
+            row.algorithm,
+            ms(row.phases.transform),
+            ms(row.phases.matching),
+            ms(row.phases.materialize),
+            ms(row.phases.total()),
+            row.rows_per_second / 1e9,
+            row.output_rows
+        );
+    }
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the integration tests, the kernel benchmark and the TPC-H job for a
+# GPU machine (which has no Rust toolchain) and packs them, with the files
+# they read, into gpu-bundle/ (ignored by git): bundle.tar.xz and run.sh.
+# See docs/development.md.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+messages=$(mktemp)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage" "$messages"' EXIT
+
+cargo build --profile device --tests --benches --examples --message-format=json-render-diagnostics >"$messages"
+
+# The executables cargo reports for the three targets that run on the GPU.
+python3 - "$messages" "$stage/bin" <<'PY'
+import json, os, shutil, sys
+wanted = {("test", "integration"), ("bench", "kernels"), ("example", "tpch")}
+os.makedirs(sys.argv[2], exist_ok=True)
+found = set()
+for line in open(sys.argv[1]):
+    message = json.loads(line)
+    target = message.get("target", {})
+    if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+        continue
+    for kind in target.get("kind", []):
+        if (kind, target["name"]) in wanted:
+            shutil.copy(message["executable"], os.path.join(sys.argv[2], target["name"]))
+            found.add((kind, target["name"]))
+missing = wanted - found
+if missing:
+    sys.exit(f"not built: {sorted(missing)}")
+PY
+
+# What the suites read: the project's .slt files and DataFusion's join suites.
+cp -r sqllogictests "$stage/sqllogictests"
+slt_dir=$(cargo metadata --format-version 1 | python3 -c '
+import json, os, sys
+packages = json.load(sys.stdin)["packages"]
+print(next(os.path.dirname(p["manifest_path"]) for p in packages if p["name"] == "datafusion-sqllogictest"))')
+mkdir -p "$stage/datafusion-test-files"
+for name in joins.slt join_only.slt join.slt.part join_disable_repartition_joins.slt join_is_not_distinct_from.slt \
+    null_aware_anti_join.slt join_limit_pushdown.slt lateral_join.slt sort_merge_join.slt; do
+    cp "$slt_dir/test_files/$name" "$stage/datafusion-test-files/"
+done
+
+rm -rf gpu-bundle
+mkdir -p gpu-bundle
+tar -C "$stage" -cf - . | xz -T2 -6 >gpu-bundle/bundle.tar.xz
+cp scripts/gpu-run.sh gpu-bundle/run.sh
+ls -l gpu-bundle

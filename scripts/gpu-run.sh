@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs the packed suites on a GPU machine with the CUDA backend forced.
+#
+#   run.sh LOG_DIR [STEP ...]
+#
+# Steps (default: all, in this order):
+#   tests             every integration test on the CUDA backend
+#   primitives-large  primitive differential tests up to 2^27 rows
+#   memcheck          compute-sanitizer memcheck on the primitives and the fuzz test
+#   bench             the kernel benchmark (GFTR paper workload)
+#   tpch              TPC-H SF 1 against the official answers and DataFusion
+# Each step writes LOG_DIR/STEP.log; LOG_DIR/summary.txt lists exit codes.
+# STEP_TIMEOUT (seconds, default 3600) bounds each step.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+logs=${1:?usage: run.sh LOG_DIR [STEP ...]}
+shift
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
+work=$(mktemp -d)
+tar -xJf "$here/bundle.tar.xz" -C "$work"
+cd "$work"
+
+export GPU_JOIN_TEST_BACKEND=cuda
+export DATAFUSION_SQLLOGICTEST_FILES="$work/datafusion-test-files"
+export GPU_JOIN_KERNEL_CACHE="$work/kernel-cache"
+export RUST_BACKTRACE=1
+sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+
+status=0
+step() {
+    local name=$1
+    shift
+    echo "== $name: $*" | tee -a "$logs/summary.txt"
+    local start=$SECONDS
+    timeout "${STEP_TIMEOUT:-3600}" "$@" >"$logs/$name.log" 2>&1
+    local code=$?
+    echo "== $name: exit $code after $((SECONDS - start)) s" | tee -a "$logs/summary.txt"
+    [ "$code" -eq 0 ] || status=1
+}
+
+nvidia-smi >"$logs/nvidia-smi.txt" 2>&1
+steps=${*:-tests primitives-large memcheck bench tpch}
+for name in $steps; do
+    case $name in
+    tests) step tests ./bin/integration --test-threads 2 ;;
+    primitives-large) step primitives-large env GPU_JOIN_PRIMITIVE_MAX_ROWS=$((1 << 27)) ./bin/integration primitives ;;
+    memcheck) step memcheck env GPU_JOIN_FUZZ_CASES=150 "$sanitizer" --tool memcheck --error-exitcode 1 \
+        ./bin/integration --test-threads 1 primitives fuzz ;;
+    bench) step bench ./bin/kernels --bench ;;
+    tpch) step tpch ./bin/tpch --sf 1 --validate --compare ;;
+    *) echo "unknown step $name" | tee -a "$logs/summary.txt"; status=1 ;;
+    esac
+done
+exit $status
