@@ -3,10 +3,10 @@
 //!
 //! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys; one
 //! payload column per side (narrow) or two (wide); 4-byte keys and payloads
-//! unless stated. Each algorithm's time is transform (partition both sides)
-//! + match (matched positions) + materialize (gather every payload column of
-//! both sides). Criterion measures the total; the table printed at the end
-//! gives the median of each phase over the measured runs.
+//! unless stated. Each algorithm's time is the sum of transform (partition
+//! both sides), match (matched positions) and materialize (gather every
+//! payload column of both sides). Criterion measures the total; the table
+//! printed at the end gives the median of each phase over the measured runs.
 //!
 //! ```text
 //! cargo bench --bench kernels [-- --quick]       # GPU machine only

@@ -129,11 +129,11 @@ async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Re
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = parse_args()?;
-    if args.backend == BackendChoice::Auto {
-        if let Err(why) = backend::cuda_backend(&GpuJoinConfig::default()) {
-            println!("no usable CUDA device ({why}); running on the CPU reference backend");
-            args.backend = BackendChoice::Cpu;
-        }
+    if args.backend == BackendChoice::Auto
+        && let Err(why) = backend::cuda_backend(&GpuJoinConfig::default())
+    {
+        println!("no usable CUDA device ({why}); running on the CPU reference backend");
+        args.backend = BackendChoice::Cpu;
     }
     if args.validate && args.scale_factor != 1.0 {
         return Err(DataFusionError::Configuration(

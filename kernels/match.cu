@@ -53,10 +53,14 @@ __device__ void hash_match(const K* build_keys, const K* probe_keys, const WorkU
 
     const u32 lane = lane_id();
     const u64 unit_base = WRITE ? unit_matches[blockIdx.x] : 0;
+    // The next probe key is loaded while the current one walks the table.
+    K next_key = unit.probe_begin + threadIdx.x < unit.probe_end ? probe_keys[unit.probe_begin + threadIdx.x] : empty;
     for (u32 first = unit.probe_begin; first < unit.probe_end; first += BLOCK) {
         const u32 probe = first + threadIdx.x;
         bool walking = probe < unit.probe_end;
-        const K key = walking ? probe_keys[probe] : empty;
+        const K key = next_key;
+        const u32 next = probe + BLOCK;
+        if (next < unit.probe_end) next_key = probe_keys[next];
         u32 slot = slot_hash(key) & mask;
         while (__any_sync(FULL_MASK, walking)) {
             bool found = false;

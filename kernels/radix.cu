@@ -26,16 +26,36 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 partition_bits, u32 sh
     for (u32 d = threadIdx.x; d < MAX_DIGITS; d += BLOCK) counts[d] = 0;
     __syncthreads();
     const u64 base = (u64)blockIdx.x * TILE;
+    // All loads first, so that they are in flight together.
+    u32 digits[TILE_ITEMS];
+#pragma unroll
     for (u32 i = 0; i < TILE_ITEMS; i++) {
-        u64 index = base + (u64)i * BLOCK + threadIdx.x;
-        bool valid = index < n;
-        u32 digit = valid ? digit_of<K>(keys[index], partition_bits, shift, digit_mask) : MAX_DIGITS;
+        const u64 index = base + (u64)i * BLOCK + threadIdx.x;
+        digits[i] = index < n ? digit_of<K>(keys[index], partition_bits, shift, digit_mask) : MAX_DIGITS;
+    }
+#pragma unroll
+    for (u32 i = 0; i < TILE_ITEMS; i++) {
         // Lanes with equal digits add once, so skewed data costs no more.
-        u32 peers = __match_any_sync(FULL_MASK, digit);
-        if (valid && (peers & lanes_below()) == 0) atomicAdd(&counts[digit], __popc(peers));
+        const u32 peers = __match_any_sync(FULL_MASK, digits[i]);
+        if (digits[i] != MAX_DIGITS && (peers & lanes_below()) == 0) atomicAdd(&counts[digits[i]], __popc(peers));
     }
     __syncthreads();
     for (u32 d = threadIdx.x; d <= digit_mask; d += BLOCK) tile_counts[(u64)d * tiles + blockIdx.x] = counts[d];
+}
+
+#define MOVE_BATCH 4
+
+// Copies MOVE_BATCH values: every load, then every store.
+template <typename T>
+__device__ __forceinline__ void move_batch(const T* __restrict__ from, T* __restrict__ to, const u32* source,
+                                           const u32* destination, const bool* valid) {
+    T values[MOVE_BATCH];
+#pragma unroll
+    for (u32 b = 0; b < MOVE_BATCH; b++)
+        if (valid[b]) values[b] = from[source[b]];
+#pragma unroll
+    for (u32 b = 0; b < MOVE_BATCH; b++)
+        if (valid[b]) to[destination[b]] = values[b];
 }
 
 template <typename K>
@@ -60,12 +80,19 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
     // time, against warp-private digit counters: items are ordered by
     // (warp, round, lane), which is input order, so the ranking is stable.
     const u32 WARP_ITEMS = TILE / WARPS;
-    u32 item_digit[TILE_ITEMS];
-    u32 item_rank[TILE_ITEMS];
+    // Digit in the high half, rank in the low half (ranks stay below TILE).
+    u32 item_digit_rank[TILE_ITEMS];
+#pragma unroll
+    for (u32 round = 0; round < TILE_ITEMS; round++) {
+        const u32 item = warp * WARP_ITEMS + round * 32 + lane;
+        item_digit_rank[round] =
+            item < tile_rows ? digit_of<K>(keys_in[base + item], partition_bits, shift, digit_mask) : MAX_DIGITS;
+    }
+#pragma unroll
     for (u32 round = 0; round < TILE_ITEMS; round++) {
         const u32 item = warp * WARP_ITEMS + round * 32 + lane;
         const bool valid = item < tile_rows;
-        const u32 digit = valid ? digit_of<K>(keys_in[base + item], partition_bits, shift, digit_mask) : MAX_DIGITS;
+        const u32 digit = item_digit_rank[round];
         const u32 peers = __match_any_sync(FULL_MASK, digit);
         const u32 below = __popc(peers & lanes_below());
         u32 before = 0;
@@ -73,8 +100,7 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
         __syncwarp();
         if (valid && below == 0) warp_counts[warp][digit] = before + __popc(peers);
         __syncwarp();
-        item_digit[round] = digit;
-        item_rank[round] = before + below;
+        item_digit_rank[round] = (digit << 16) | (before + below);
     }
     __syncthreads();
 
@@ -106,8 +132,8 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
     for (u32 round = 0; round < TILE_ITEMS; round++) {
         const u32 item = warp * WARP_ITEMS + round * 32 + lane;
         if (item < tile_rows) {
-            const u32 digit = item_digit[round];
-            const u32 slot = digit_start[digit] + warp_counts[warp][digit] + item_rank[round];
+            const u32 digit = item_digit_rank[round] >> 16;
+            const u32 slot = digit_start[digit] + warp_counts[warp][digit] + (item_digit_rank[round] & 0xFFFFu);
             source_of_slot[slot] = (u16)item;
             digit_of_slot[slot] = (u8)digit;
         }
@@ -115,20 +141,34 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
     __syncthreads();
 
     // Write slot by slot: a run of one digit goes to consecutive positions.
-    for (u32 slot = tid; slot < tile_rows; slot += BLOCK) {
-        const u32 digit = digit_of_slot[slot];
-        const u64 destination = (u64)digit_offset[digit] + (slot - digit_start[digit]);
-        const u64 source = base + source_of_slot[slot];
-        keys_out[destination] = keys_in[source];
-        if (generated_row_ids) generated_row_ids[destination] = (u32)source;
+    // Each thread handles MOVE_BATCH slots at a time, all loads before all
+    // stores, so that the loads of a batch are in flight together.
+    for (u32 first = 0; first < TILE; first += BLOCK * MOVE_BATCH) {
+        u32 source[MOVE_BATCH];
+        u32 destination[MOVE_BATCH];
+        bool valid[MOVE_BATCH];
+#pragma unroll
+        for (u32 b = 0; b < MOVE_BATCH; b++) {
+            const u32 slot = first + b * BLOCK + tid;
+            valid[b] = slot < tile_rows;
+            const u32 digit = valid[b] ? digit_of_slot[slot] : 0;
+            destination[b] = valid[b] ? digit_offset[digit] + (slot - digit_start[digit]) : 0;
+            source[b] = valid[b] ? (u32)(base + source_of_slot[slot]) : 0;
+        }
+        move_batch<K>(keys_in, keys_out, source, destination, valid);
+        if (generated_row_ids) {
+#pragma unroll
+            for (u32 b = 0; b < MOVE_BATCH; b++)
+                if (valid[b]) generated_row_ids[destination[b]] = source[b];
+        }
         for (u32 c = 0; c < column_count; c++) {
             const ColumnMove column = columns[c];
             switch (column.width) {
-                case 1: column.destination[destination] = column.source[source]; break;
-                case 2: ((u16*)column.destination)[destination] = ((const u16*)column.source)[source]; break;
-                case 4: ((u32*)column.destination)[destination] = ((const u32*)column.source)[source]; break;
-                case 8: ((u64*)column.destination)[destination] = ((const u64*)column.source)[source]; break;
-                case 16: ((uint4*)column.destination)[destination] = ((const uint4*)column.source)[source]; break;
+                case 1: move_batch<u8>(column.source, column.destination, source, destination, valid); break;
+                case 2: move_batch<u16>((const u16*)column.source, (u16*)column.destination, source, destination, valid); break;
+                case 4: move_batch<u32>((const u32*)column.source, (u32*)column.destination, source, destination, valid); break;
+                case 8: move_batch<u64>((const u64*)column.source, (u64*)column.destination, source, destination, valid); break;
+                case 16: move_batch<uint4>((const uint4*)column.source, (uint4*)column.destination, source, destination, valid); break;
             }
         }
     }
@@ -168,7 +208,7 @@ __device__ void sorted_offsets(const K* keys, u64 n, u32* offsets) {
         const K* keys, u64 n, u32 partition_bits, u32 shift, u32 digit_mask, u32 tiles, u32* tile_counts) {  \
         radix_histogram<K>(keys, n, partition_bits, shift, digit_mask, tiles, tile_counts);                  \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(BLOCK) radix_scatter_##K(                                   \
+    extern "C" __global__ void __launch_bounds__(BLOCK, 4) radix_scatter_##K(                                   \
         const K* keys_in, K* keys_out, u64 n, u32 partition_bits, u32 shift, u32 digit_mask, u32 tiles,      \
         const u32* tile_offsets, const ColumnMove* columns, u32 column_count, u32* generated_row_ids) {      \
         radix_scatter<K>(keys_in, keys_out, n, partition_bits, shift, digit_mask, tiles, tile_offsets,       \

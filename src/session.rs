@@ -1,13 +1,14 @@
 //! Turning the GPU join on for a DataFusion session.
 
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::config::GpuJoinConfig;
+use crate::backend::cuda_backend;
+use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::rule::{GpuJoinRule, JoinDecision, plan_decisions};
 
 /// The rule goes right before this one, which plants hash joins' dynamic
@@ -30,6 +31,10 @@ pub fn register(mut builder: SessionStateBuilder) -> SessionStateBuilder {
     if config.options().extensions.get::<GpuJoinConfig>().is_none() {
         config.options_mut().extensions.insert(GpuJoinConfig::default());
     }
+    let options = GpuJoinConfig::from_config(config.options());
+    if options.enabled && options.backend != BackendChoice::Cpu {
+        warm_up(options);
+    }
     let optimizer = builder.physical_optimizers().get_or_insert_with(PhysicalOptimizer::new);
     if !optimizer.rules.iter().any(|rule| rule.name() == GpuJoinRule::NAME) {
         let position = optimizer
@@ -41,6 +46,22 @@ pub fn register(mut builder: SessionStateBuilder) -> SessionStateBuilder {
         optimizer.rules.insert(position, Arc::new(GpuJoinRule));
     }
     builder
+}
+
+/// Opens the CUDA device in the background, once per process: the kernels
+/// are compiled (or read from the cache) before the first query needs them.
+fn warm_up(options: GpuJoinConfig) {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new().name("gpu-join-warm-up".into()).spawn(move || {
+            if let Err(why) = cuda_backend(&options) {
+                log::debug!("gpu_join: no CUDA device to warm up: {why}");
+            }
+        });
+        if let Err(e) = spawned {
+            log::debug!("gpu_join: warm-up thread not started: {e}");
+        }
+    });
 }
 
 /// `builder.with_gpu_join()`, the same as [`register`].

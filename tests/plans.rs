@@ -246,7 +246,7 @@ async fn probe_order_is_kept_across_chunks() {
     .unwrap();
     for join_type in [JoinType::Inner, JoinType::Right, JoinType::RightSemi, JoinType::RightAnti, JoinType::RightMark] {
         let ordering = LexOrdering::new(vec![PhysicalSortExpr::new_default(Arc::new(Column::new("p", 1)))]).unwrap();
-        let probe = MemorySourceConfig::try_new(&[probe_batches.clone()], Arc::clone(&schema), None)
+        let probe = MemorySourceConfig::try_new(std::slice::from_ref(&probe_batches), Arc::clone(&schema), None)
             .unwrap()
             .try_with_sort_information(vec![ordering])
             .unwrap();

@@ -213,7 +213,7 @@ fn session_config() -> SessionConfig {
 }
 
 async fn run_project_files(dir: &Path, report: &mut Vec<String>, failures: &mut Vec<String>) {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|e| e == "slt"))

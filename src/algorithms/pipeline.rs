@@ -14,7 +14,7 @@ use super::materialize::output_batch;
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, resolve_probe_chunk};
-use super::side::{ColumnPlacement, SideView, has_host_columns, place_columns};
+use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
 use super::{JoinDefinition, Strategy};
 use crate::backend::{JoinBackend, Space, Transformed};
 use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
@@ -124,7 +124,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     let keys = evaluate_keys(&definition.build_keys, &batch)?;
     let encoder = KeyEncoder::for_build_side(&keys, definition.null_equality)?;
     let strategy = Strategy::choose(B::PREFERRED_GATHER_SPACE, definition);
-    let (placements, to_transform) =
+    let PlacedColumns { placements, to_transform } =
         place_columns(backend, &batch, &definition.build_output_columns(), strategy.build_space)?;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
@@ -217,7 +217,8 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     // ordering the pairs by them.
     let keep_probe_order = definition.keeps_probe_order(batch.num_rows());
     let space = if keep_probe_order { Space::Original } else { build.strategy.probe_space };
-    let (placements, to_transform) = place_columns(backend, &batch, &definition.probe_output_columns(), space)?;
+    let PlacedColumns { placements, to_transform } =
+        place_columns(backend, &batch, &definition.probe_output_columns(), space)?;
     let with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
     let probe_relation =

@@ -18,16 +18,25 @@ pub(crate) enum ColumnPlacement<C> {
     Host,
 }
 
+/// Where each column of a side is read from (`None` for unneeded columns),
+/// indexed by column.
+pub(crate) type Placements<C> = Vec<Option<ColumnPlacement<C>>>;
+
+/// The needed columns of a side, placed and uploaded.
+pub(crate) struct PlacedColumns<C> {
+    pub placements: Placements<C>,
+    /// Columns to carry through the transform, in payload order.
+    pub to_transform: Vec<C>,
+}
+
 /// Decides where each needed column of a side lives and uploads it.
-/// Returns the placements (indexed by column) and the columns to carry
-/// through the transform, in payload order.
 pub(crate) fn place_columns<B: JoinBackend>(
     backend: &B,
     batch: &RecordBatch,
     columns: &[usize],
     space: Space,
-) -> Result<(Vec<Option<ColumnPlacement<B::Column>>>, Vec<B::Column>)> {
-    let mut placements: Vec<Option<ColumnPlacement<B::Column>>> = (0..batch.num_columns()).map(|_| None).collect();
+) -> Result<PlacedColumns<B::Column>> {
+    let mut placements: Placements<B::Column> = (0..batch.num_columns()).map(|_| None).collect();
     let mut to_transform = vec![];
     for &i in columns {
         let column = batch.column(i);
@@ -40,7 +49,7 @@ pub(crate) fn place_columns<B: JoinBackend>(
             ColumnPlacement::Device(backend.upload_column(column)?)
         });
     }
-    Ok((placements, to_transform))
+    Ok(PlacedColumns { placements, to_transform })
 }
 
 /// Whether any needed column of a side is gathered on the host.

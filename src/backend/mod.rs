@@ -140,7 +140,7 @@ pub enum Layout {
 
 /// A relation after the transform phase: keys and the requested payload
 /// columns in transformed order, plus where each position came from.
-pub struct Transformed<B: JoinBackend + ?Sized, K: NormalizedKey> {
+pub struct Transformed<B: JoinBackend, K: NormalizedKey> {
     pub keys: B::Vector<K>,
     /// Original row of each transformed position, when requested.
     pub row_ids: Option<B::Vector<u32>>,
@@ -154,7 +154,7 @@ pub struct Transformed<B: JoinBackend + ?Sized, K: NormalizedKey> {
 }
 
 /// Candidate pairs from match finding, in the requested spaces.
-pub struct Candidates<B: JoinBackend + ?Sized> {
+pub struct Candidates<B: JoinBackend> {
     pub build: B::Vector<u32>,
     pub probe: B::Vector<u32>,
 }

@@ -61,10 +61,10 @@ async fn join_partition<B: JoinBackend>(
             }
         }
     }
-    if let Some(chunk) = staging.finish()? {
-        if !output.send(join_chunk(runner, &backend, &build, chunk, inputs).await?).await {
-            return Ok(());
-        }
+    if let Some(chunk) = staging.finish()?
+        && !output.send(join_chunk(runner, &backend, &build, chunk, inputs).await?).await
+    {
+        return Ok(());
     }
     drop(probe);
 

@@ -136,6 +136,10 @@ impl<T: Copy> DeviceBuffer<T> {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Keeps the first `len` elements (the allocation stays).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);

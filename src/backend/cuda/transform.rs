@@ -44,6 +44,9 @@ impl Digits {
     }
 }
 
+/// Transformed keys, the moved columns in order, and the row ids if asked.
+pub(super) type RadixOutput<K> = (DeviceBuffer<K>, Vec<DeviceBuffer<u8>>, Option<DeviceBuffer<u32>>);
+
 /// A column moved by the passes: its current buffer and the element width.
 struct Moving {
     buffer: DeviceBuffer<u8>,
@@ -64,7 +67,7 @@ impl CudaBackend {
         columns: &[(u64, usize)],
         with_row_ids: bool,
         digits: Digits,
-    ) -> Result<(DeviceBuffer<K>, Vec<DeviceBuffer<u8>>, Option<DeviceBuffer<u32>>)> {
+    ) -> Result<RadixOutput<K>> {
         let n = keys.len();
         if n > MAX_RELATION_ROWS {
             return exec_err!(
