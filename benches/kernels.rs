@@ -58,7 +58,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
         Workload { name: "narrow", ..base },
         Workload { name: "wide", payloads: 2, ..base },
         Workload { name: "wide, match ratio 1/8", payloads: 2, match_ratio: 0.125, ..base },
-        Workload { name: "wide, zipf 1.0, |R| = |S|", payloads: 2, probe_rows: r, zipf: 1.0, ..base },
+        Workload { name: "wide, zipf 1.0, R = S rows", payloads: 2, probe_rows: r, zipf: 1.0, ..base },
         Workload { name: "narrow, 8-byte keys and payloads", wide_values: true, ..base },
         Workload { name: "wide, 8-byte keys and payloads", payloads: 2, wide_values: true, ..base },
     ]

@@ -84,15 +84,15 @@ impl CudaBackend {
             let keys_in = current_keys.as_ref().unwrap_or(keys);
             let digit_mask = (1u32 << digit_bits) - 1;
             let tile_counts = DeviceBuffer::<u32>::alloc(&self.placement, tiles * (digit_mask as usize + 1), what)?;
-            let args = [
-                Arg::from(keys_in.pointer()),
-                (n as u64).into(),
+            // What both kernels of a pass are told about it, in their order.
+            let pass_args = [
+                Arg::from(n as u64),
                 digits.partition_bits().into(),
                 shift.into(),
                 digit_mask.into(),
                 (tiles as u32).into(),
-                tile_counts.pointer().into(),
             ];
+            let args = [&[Arg::from(keys_in.pointer())][..], &pass_args, &[tile_counts.pointer().into()]].concat();
             self.launch_blocks(&self.kernel_name::<K>("radix_histogram"), tiles as u64, 0, n as u64, &args)?;
             self.exclusive_scan(&tile_counts)?;
 
@@ -117,18 +117,16 @@ impl CudaBackend {
             };
             let descriptor_buffer = DeviceBuffer::upload(&self.placement, &descriptors, what)?;
             let args = [
-                Arg::from(keys_in.pointer()),
-                keys_out.pointer().into(),
-                (n as u64).into(),
-                digits.partition_bits().into(),
-                shift.into(),
-                digit_mask.into(),
-                (tiles as u32).into(),
-                tile_counts.pointer().into(),
-                descriptor_buffer.pointer().into(),
-                (outputs.len() as u32).into(),
-                generated.as_ref().map_or(0, |g| g.pointer()).into(),
-            ];
+                &[Arg::from(keys_in.pointer()), keys_out.pointer().into()][..],
+                &pass_args,
+                &[
+                    tile_counts.pointer().into(),
+                    descriptor_buffer.pointer().into(),
+                    (outputs.len() as u32).into(),
+                    generated.as_ref().map_or(0, |g| g.pointer()).into(),
+                ],
+            ]
+            .concat();
             self.launch_blocks(&self.kernel_name::<K>("radix_scatter"), tiles as u64, 0, n as u64, &args)?;
             if row_id_source.is_some() {
                 let moved_ids = outputs.pop().map(|m| m.buffer);
