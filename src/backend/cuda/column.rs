@@ -39,8 +39,8 @@ impl CudaBackend {
     fn unpack(&self, bitmap: &Buffer, offset: usize, len: usize, what: &str) -> Result<DeviceBuffer<u8>> {
         let first = offset / 8;
         let last = (offset + len).div_ceil(8);
-        let packed = DeviceBuffer::upload(&self.placement, &bitmap.as_slice()[first..last], what)?;
-        let bytes = DeviceBuffer::<u8>::alloc(&self.placement, len, what)?;
+        let packed = DeviceBuffer::upload(&self.instance, &bitmap.as_slice()[first..last], what)?;
+        let bytes = DeviceBuffer::<u8>::alloc(&self.instance, len, what)?;
         let (source, bit_offset, rows, destination) =
             (packed.pointer(), (offset % 8) as u64, len as u64, bytes.pointer());
         self.launch("unpack_bits", rows, 0, &[source.into(), bit_offset.into(), rows.into(), destination.into()])?;
@@ -49,7 +49,7 @@ impl CudaBackend {
 
     /// Bytes on the device to a bitmap on the host.
     fn pack(&self, bytes: &DeviceBuffer<u8>, len: usize, what: &str) -> Result<BooleanBuffer> {
-        let words = DeviceBuffer::<u32>::alloc(&self.placement, len.div_ceil(32), what)?;
+        let words = DeviceBuffer::<u32>::alloc(&self.instance, len.div_ceil(32), what)?;
         let (source, rows, destination) = (bytes.pointer(), len as u64, words.pointer());
         self.launch("pack_bits", rows, 0, &[source.into(), rows.into(), destination.into()])?;
         let host = words.download(what)?;
@@ -67,7 +67,7 @@ impl CudaBackend {
             self.unpack(&data.buffers()[0], offset, len, what)?
         } else {
             let bytes = &data.buffers()[0].as_slice()[offset * width..(offset + len) * width];
-            DeviceBuffer::upload(&self.placement, bytes, what)?
+            DeviceBuffer::upload(&self.instance, bytes, what)?
         };
         let validity = match data.nulls().filter(|n| n.null_count() > 0) {
             Some(nulls) => {
@@ -108,7 +108,7 @@ impl CudaBackend {
     ) -> Result<CudaColumn> {
         let rows = positions.len();
         let what = "a gathered column";
-        let values = DeviceBuffer::<u8>::alloc(&self.placement, rows * column.width, what)?;
+        let values = DeviceBuffer::<u8>::alloc(&self.instance, rows * column.width, what)?;
         let kernel = match column.width {
             1 => "gather_1",
             2 => "gather_2",
@@ -121,7 +121,7 @@ impl CudaBackend {
         self.launch(kernel, n, 0, &[source.into(), index.into(), n.into(), out.into()])?;
         // Validity only where a null can arise: a null source or a null position.
         let validity = if may_hold_nulls || column.validity.is_some() {
-            let validity = DeviceBuffer::<u8>::alloc(&self.placement, rows, what)?;
+            let validity = DeviceBuffer::<u8>::alloc(&self.instance, rows, what)?;
             let (source_valid, out_valid) = (column.validity.as_ref().map_or(0, |v| v.pointer()), validity.pointer());
             self.launch("gather_validity", n, 0, &[source_valid.into(), index.into(), n.into(), out_valid.into()])?;
             Some(validity)

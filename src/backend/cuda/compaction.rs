@@ -40,7 +40,7 @@ impl CudaBackend {
         let n = data.len();
         let blocks = n.div_ceil(SCAN_TILE).max(1);
         // One total per block, then the grand total.
-        let totals = DeviceBuffer::<T>::alloc(&self.placement, blocks + 1, "scan totals")?;
+        let totals = DeviceBuffer::<T>::alloc(&self.instance, blocks + 1, "scan totals")?;
         let (values, rows, sums, count) = (data.pointer(), n as u64, totals.pointer(), blocks as u32);
         let kernel = |name: &str| format!("{name}_{}", T::SUFFIX);
         self.launch_blocks(
@@ -71,7 +71,7 @@ impl CudaBackend {
     ) -> Result<DeviceBuffer<u32>> {
         let n = flags.len();
         let blocks = n.div_ceil(SCAN_TILE).max(1);
-        let counts = DeviceBuffer::<u32>::alloc(&self.placement, blocks, "compaction counts")?;
+        let counts = DeviceBuffer::<u32>::alloc(&self.instance, blocks, "compaction counts")?;
         let (flag_data, rows, wanted, count_data) =
             (flags.pointer(), n as u64, Arg::U8(u8::from(want)), counts.pointer());
         self.launch_blocks(
@@ -82,7 +82,7 @@ impl CudaBackend {
             &[flag_data.into(), rows.into(), wanted, count_data.into()],
         )?;
         let total = self.exclusive_scan(&counts)?.read()? as usize;
-        let out = DeviceBuffer::<u32>::alloc(&self.placement, total, "compacted positions")?;
+        let out = DeviceBuffer::<u32>::alloc(&self.instance, total, "compacted positions")?;
         let (value_data, out_data) = (values.map_or(0, |v| v.pointer()), out.pointer());
         self.launch_blocks(
             "compact_write",

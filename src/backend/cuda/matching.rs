@@ -100,7 +100,7 @@ impl CudaBackend {
         if build_spec != probe_spec {
             return internal_err!("hash_match: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
         }
-        let limit = table_limit(self.placement.device.max_shared_bytes);
+        let limit = table_limit(self.instance.device.max_shared_bytes);
         let max_build_rows = build_rows_per_unit::<K>(limit);
         let build_offsets = build.offsets.download("build partition offsets")?;
         let probe_offsets = probe.offsets.download("probe partition offsets")?;
@@ -110,11 +110,11 @@ impl CudaBackend {
             return self.empty_candidates();
         }
         let shared = (0..unit_count).map(|u| table_bytes::<K>(units[4 * u + 1] - units[4 * u])).max().unwrap_or(0);
-        let units = DeviceBuffer::upload(&self.placement, &units, "work units")?;
+        let units = DeviceBuffer::upload(&self.instance, &units, "work units")?;
         let (build_ids, probe_ids) =
             (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
         // Count, then write: every unit learns where its matches go.
-        let unit_matches = DeviceBuffer::<u64>::alloc(&self.placement, unit_count, "matches per work unit")?;
+        let unit_matches = DeviceBuffer::<u64>::alloc(&self.instance, unit_count, "matches per work unit")?;
         let args = [
             Arg::from(build.keys.pointer()),
             probe.keys.pointer().into(),
@@ -125,8 +125,8 @@ impl CudaBackend {
         let total = self.exclusive_scan(&unit_matches)?.read()?;
         let total = usize::try_from(total)
             .map_err(|_| datafusion::common::resources_datafusion_err!("{total} matches do not fit in memory"))?;
-        let out_build = DeviceBuffer::<u32>::alloc(&self.placement, total, "matched build positions")?;
-        let out_probe = DeviceBuffer::<u32>::alloc(&self.placement, total, "matched probe positions")?;
+        let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
+        let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [
             Arg::from(build.keys.pointer()),
             probe.keys.pointer().into(),
@@ -157,8 +157,8 @@ impl CudaBackend {
             return self.empty_candidates();
         }
         // One extra zero count becomes the total after the scan.
-        let counts = DeviceBuffer::<u64>::filled(&self.placement, probe_rows as usize + 1, 0, "match counts")?;
-        let first = DeviceBuffer::<u32>::alloc(&self.placement, probe_rows as usize, "match starts")?;
+        let counts = DeviceBuffer::<u64>::filled(&self.instance, probe_rows as usize + 1, 0, "match counts")?;
+        let first = DeviceBuffer::<u32>::alloc(&self.instance, probe_rows as usize, "match starts")?;
         let args = [
             Arg::from(build.keys.pointer()),
             build_rows.into(),
@@ -171,8 +171,8 @@ impl CudaBackend {
         let total = self.exclusive_scan(&counts)?.read()?;
         let total = usize::try_from(total)
             .map_err(|_| datafusion::common::resources_datafusion_err!("{total} matches do not fit in memory"))?;
-        let out_build = DeviceBuffer::<u32>::alloc(&self.placement, total, "matched build positions")?;
-        let out_probe = DeviceBuffer::<u32>::alloc(&self.placement, total, "matched probe positions")?;
+        let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
+        let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [
             Arg::from(first.pointer()),
             counts.pointer().into(),
@@ -188,8 +188,8 @@ impl CudaBackend {
 
     fn empty_candidates(&self) -> Result<Candidates<CudaBackend>> {
         Ok(Candidates {
-            build: DeviceBuffer::alloc(&self.placement, 0, "matched build positions")?,
-            probe: DeviceBuffer::alloc(&self.placement, 0, "matched probe positions")?,
+            build: DeviceBuffer::alloc(&self.instance, 0, "matched build positions")?,
+            probe: DeviceBuffer::alloc(&self.instance, 0, "matched probe positions")?,
         })
     }
 }

@@ -21,10 +21,10 @@ const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
 /// Size of each of the two pinned staging buffers.
 const STAGING_BYTES: usize = 16 << 20;
 
-/// Where a backend instance allocates and transfers: its device, its stream,
-/// and the counters of the join it serves.
+/// What a backend instance allocates and transfers with: its device, its
+/// stream, and the counters of the join it serves.
 #[derive(Debug, Clone)]
-pub(crate) struct Placement {
+pub(crate) struct Instance {
     pub device: Arc<CudaDevice>,
     pub stream: Arc<CudaStream>,
     pub counters: Arc<DeviceCounters>,
@@ -36,51 +36,51 @@ pub struct DeviceBuffer<T> {
     pointer: CUdeviceptr,
     len: usize,
     bytes: u64,
-    placement: Placement,
+    instance: Instance,
     _element: PhantomData<T>,
 }
 
 /// Makes the device's context current on the calling thread, as the driver
 /// calls below need (work runs on whichever blocking thread tokio picks).
-fn bind(placement: &Placement, what: &str) -> Result<()> {
-    placement.device.context.bind_to_thread().map_err(|e| cuda_error(what, e))
+fn bind(instance: &Instance, what: &str) -> Result<()> {
+    instance.device.context.bind_to_thread().map_err(|e| cuda_error(what, e))
 }
 
 impl<T: Copy> DeviceBuffer<T> {
     /// `len` uninitialised elements.
-    pub(crate) fn alloc(placement: &Placement, len: usize, what: &str) -> Result<Self> {
+    pub(crate) fn alloc(instance: &Instance, len: usize, what: &str) -> Result<Self> {
         // An empty buffer still gets a valid pointer.
         let bytes = (len.max(1) * size_of::<T>()) as u64;
-        bind(placement, what)?;
-        placement.device.budget.reserve(bytes, what)?;
+        bind(instance, what)?;
+        instance.device.budget.reserve(bytes, what)?;
         // SAFETY: the stream belongs to the device's context.
-        match unsafe { result::malloc_async(placement.stream.cu_stream(), bytes as usize) } {
+        match unsafe { result::malloc_async(instance.stream.cu_stream(), bytes as usize) } {
             Ok(pointer) => {
-                placement.counters.record_alloc(bytes);
-                Ok(Self { pointer, len, bytes, placement: placement.clone(), _element: PhantomData })
+                instance.counters.record_alloc(bytes);
+                Ok(Self { pointer, len, bytes, instance: instance.clone(), _element: PhantomData })
             }
             Err(e) => {
-                placement.device.budget.release(bytes);
+                instance.device.budget.release(bytes);
                 Err(cuda_error(&format!("allocating {bytes} bytes for {what}"), e))
             }
         }
     }
 
     /// `len` elements whose bytes are all `byte`.
-    pub(crate) fn filled(placement: &Placement, len: usize, byte: u8, what: &str) -> Result<Self> {
-        let buffer = Self::alloc(placement, len, what)?;
-        bind(placement, what)?;
+    pub(crate) fn filled(instance: &Instance, len: usize, byte: u8, what: &str) -> Result<Self> {
+        let buffer = Self::alloc(instance, len, what)?;
+        bind(instance, what)?;
         // SAFETY: writes within the allocation, on its stream.
-        unsafe { result::memset_d8_async(buffer.pointer, byte, buffer.bytes as usize, placement.stream.cu_stream()) }
+        unsafe { result::memset_d8_async(buffer.pointer, byte, buffer.bytes as usize, instance.stream.cu_stream()) }
             .map_err(|e| cuda_error(&format!("clearing {what}"), e))?;
         Ok(buffer)
     }
 
-    pub(crate) fn upload(placement: &Placement, host: &[T], what: &str) -> Result<Self> {
-        let buffer = Self::alloc(placement, host.len(), what)?;
+    pub(crate) fn upload(instance: &Instance, host: &[T], what: &str) -> Result<Self> {
+        let buffer = Self::alloc(instance, host.len(), what)?;
         // SAFETY: T is a plain value type; its bytes are copied as they are.
         let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
-        upload_bytes(placement, bytes, buffer.pointer, what)?;
+        upload_bytes(instance, bytes, buffer.pointer, what)?;
         Ok(buffer)
     }
 
@@ -89,7 +89,7 @@ impl<T: Copy> DeviceBuffer<T> {
         // SAFETY: the bytes are all written by the copy before `set_len`.
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<u8>(), self.len * size_of::<T>()) };
-        download_bytes(&self.placement, self.pointer, bytes, what)?;
+        download_bytes(&self.instance, self.pointer, bytes, what)?;
         // SAFETY: initialised above.
         unsafe { host.set_len(self.len) };
         Ok(host)
@@ -104,7 +104,7 @@ impl<T: Copy> DeviceBuffer<T> {
                 host.len()
             ));
         }
-        download_bytes(&self.placement, self.pointer, host, what)
+        download_bytes(&self.instance, self.pointer, host, what)
     }
 
     /// Element `index`, read back to the host.
@@ -115,7 +115,7 @@ impl<T: Copy> DeviceBuffer<T> {
         let mut value = std::mem::MaybeUninit::<T>::uninit();
         // SAFETY: the copy fills all bytes of `value`.
         let bytes = unsafe { std::slice::from_raw_parts_mut(value.as_mut_ptr().cast::<u8>(), size_of::<T>()) };
-        download_bytes(&self.placement, self.pointer + (index * size_of::<T>()) as u64, bytes, what)?;
+        download_bytes(&self.instance, self.pointer + (index * size_of::<T>()) as u64, bytes, what)?;
         // SAFETY: initialised by the copy.
         Ok(unsafe { value.assume_init() })
     }
@@ -124,8 +124,8 @@ impl<T: Copy> DeviceBuffer<T> {
     pub fn into_typed<U: Copy>(self, len: usize) -> DeviceBuffer<U> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never dropped; its fields move into the result.
-        let placement = unsafe { std::ptr::read(&this.placement) };
-        DeviceBuffer { pointer: this.pointer, len, bytes: this.bytes, placement, _element: PhantomData }
+        let instance = unsafe { std::ptr::read(&this.instance) };
+        DeviceBuffer { pointer: this.pointer, len, bytes: this.bytes, instance, _element: PhantomData }
     }
 
     pub fn pointer(&self) -> u64 {
@@ -151,14 +151,14 @@ impl<T: Copy> DeviceBuffer<T> {
             return Err(datafusion::common::internal_datafusion_err!("{what}: copy past the end of a buffer"));
         }
         let bytes = source.len * size_of::<T>();
-        bind(&self.placement, what)?;
+        bind(&self.instance, what)?;
         // SAFETY: both ranges lie within their allocations.
         unsafe {
             result::memcpy_dtod_async(
                 self.pointer + (at * size_of::<T>()) as u64,
                 source.pointer,
                 bytes,
-                self.placement.stream.cu_stream(),
+                self.instance.stream.cu_stream(),
             )
         }
         .map_err(|e| cuda_error(what, e))
@@ -167,16 +167,16 @@ impl<T: Copy> DeviceBuffer<T> {
 
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        let freed = bind(&self.placement, "freeing device memory").and_then(|_| {
+        let freed = bind(&self.instance, "freeing device memory").and_then(|_| {
             // SAFETY: allocated on this stream; work that used it is ordered before.
-            unsafe { result::free_async(self.pointer, self.placement.stream.cu_stream()) }
+            unsafe { result::free_async(self.pointer, self.instance.stream.cu_stream()) }
                 .map_err(|e| cuda_error("freeing device memory", e))
         });
         if let Err(e) = freed {
             log::warn!("gpu_join: freeing {} bytes of device memory failed: {e}", self.bytes);
         }
-        self.placement.device.budget.release(self.bytes);
-        self.placement.counters.record_free(self.bytes);
+        self.instance.device.budget.release(self.bytes);
+        self.instance.counters.record_free(self.bytes);
     }
 }
 
@@ -190,8 +190,8 @@ pub(crate) struct Staging {
 unsafe impl Send for Staging {}
 
 impl Staging {
-    fn new(placement: &Placement) -> Result<Self> {
-        bind(placement, "allocating pinned staging memory")?;
+    fn new(instance: &Instance) -> Result<Self> {
+        bind(instance, "allocating pinned staging memory")?;
         let mut buffers = [std::ptr::null_mut(); 2];
         for buffer in buffers.iter_mut() {
             // SAFETY: allocates page-locked host memory.
@@ -224,33 +224,33 @@ fn parallel_copy(from: &[u8], to: &mut [u8]) {
     to.par_chunks_mut(PIECE).zip(from.par_chunks(PIECE)).for_each(|(t, f)| t.copy_from_slice(f));
 }
 
-fn staging_events(placement: &Placement) -> Result<[CudaEvent; 2]> {
+fn staging_events(instance: &Instance) -> Result<[CudaEvent; 2]> {
     let flags = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
-    let context = &placement.device.context;
+    let context = &instance.device.context;
     Ok([
         context.new_event(flags).map_err(|e| cuda_error("creating an event", e))?,
         context.new_event(flags).map_err(|e| cuda_error("creating an event", e))?,
     ])
 }
 
-fn synchronize(placement: &Placement, what: &str) -> Result<()> {
-    placement.stream.synchronize().map_err(|e| cuda_error(what, e))
+fn synchronize(instance: &Instance, what: &str) -> Result<()> {
+    instance.stream.synchronize().map_err(|e| cuda_error(what, e))
 }
 
-fn upload_bytes(placement: &Placement, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
+fn upload_bytes(instance: &Instance, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
     if host.is_empty() {
         return Ok(());
     }
-    bind(placement, what)?;
-    placement.counters.record_upload(host.len() as u64);
-    let stream = placement.stream.cu_stream();
+    bind(instance, what)?;
+    instance.counters.record_upload(host.len() as u64);
+    let stream = instance.stream.cu_stream();
     if host.len() <= DIRECT_TRANSFER_BYTES {
         // SAFETY: the destination holds at least host.len() bytes.
         unsafe { result::memcpy_htod_async(destination, host, stream) }.map_err(|e| cuda_error(what, e))?;
-        return synchronize(placement, what);
+        return synchronize(instance, what);
     }
-    let mut staging = placement.device.take_staging(placement)?;
-    let events = staging_events(placement)?;
+    let mut staging = instance.device.take_staging(instance)?;
+    let events = staging_events(instance)?;
     for (i, chunk) in host.chunks(STAGING_BYTES).enumerate() {
         let b = i % 2;
         if i >= 2 {
@@ -261,27 +261,27 @@ fn upload_bytes(placement: &Placement, host: &[u8], destination: CUdeviceptr, wh
         // SAFETY: the pinned buffer stays untouched until its event completes.
         unsafe { result::memcpy_htod_async(destination + (i * STAGING_BYTES) as u64, &*pinned, stream) }
             .map_err(|e| cuda_error(what, e))?;
-        events[b].record(&placement.stream).map_err(|e| cuda_error(what, e))?;
+        events[b].record(&instance.stream).map_err(|e| cuda_error(what, e))?;
     }
-    synchronize(placement, what)?;
-    placement.device.return_staging(staging);
+    synchronize(instance, what)?;
+    instance.device.return_staging(staging);
     Ok(())
 }
 
-fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], what: &str) -> Result<()> {
+fn download_bytes(instance: &Instance, source: CUdeviceptr, host: &mut [u8], what: &str) -> Result<()> {
     if host.is_empty() {
         return Ok(());
     }
-    bind(placement, what)?;
-    placement.counters.record_download(host.len() as u64);
-    let stream = placement.stream.cu_stream();
+    bind(instance, what)?;
+    instance.counters.record_download(host.len() as u64);
+    let stream = instance.stream.cu_stream();
     if host.len() <= DIRECT_TRANSFER_BYTES {
         // SAFETY: the source holds at least host.len() bytes.
         unsafe { result::memcpy_dtoh_async(host, source, stream) }.map_err(|e| cuda_error(what, e))?;
-        return synchronize(placement, what);
+        return synchronize(instance, what);
     }
-    let mut staging = placement.device.take_staging(placement)?;
-    let events = staging_events(placement)?;
+    let mut staging = instance.device.take_staging(instance)?;
+    let events = staging_events(instance)?;
     let chunks: Vec<&mut [u8]> = host.chunks_mut(STAGING_BYTES).collect();
     let count = chunks.len();
     let mut pending: Option<&mut [u8]> = None;
@@ -291,7 +291,7 @@ fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], w
         // SAFETY: the pinned buffer is not read until its event completes.
         unsafe { result::memcpy_dtoh_async(pinned, source + (i * STAGING_BYTES) as u64, stream) }
             .map_err(|e| cuda_error(what, e))?;
-        events[b].record(&placement.stream).map_err(|e| cuda_error(what, e))?;
+        events[b].record(&instance.stream).map_err(|e| cuda_error(what, e))?;
         // While chunk i transfers, copy chunk i - 1 out of its buffer.
         if let Some(previous) = pending.take() {
             let p = (i - 1) % 2;
@@ -307,16 +307,16 @@ fn download_bytes(placement: &Placement, source: CUdeviceptr, host: &mut [u8], w
         let len = last.len();
         parallel_copy(staging.buffer(p, len), last);
     }
-    placement.device.return_staging(staging);
+    instance.device.return_staging(staging);
     Ok(())
 }
 
 impl CudaDevice {
     /// Staging buffers from the device's pool, or new ones.
-    pub(crate) fn take_staging(&self, placement: &Placement) -> Result<Staging> {
+    pub(crate) fn take_staging(&self, instance: &Instance) -> Result<Staging> {
         match self.staging.lock().ok().and_then(|mut pool| pool.pop()) {
             Some(staging) => Ok(staging),
-            None => Staging::new(placement),
+            None => Staging::new(instance),
         }
     }
 

@@ -26,7 +26,7 @@ pub use memory::DeviceBuffer;
 use super::{Candidates, DeviceCounters, Element, JoinBackend, PartitionSpec, Space, Transformed};
 use crate::config::GpuJoinConfig;
 use crate::keys::NormalizedKey;
-use memory::Placement;
+use memory::Instance;
 use transform::Digits;
 
 /// Threads per block of every kernel (BLOCK in common.cuh).
@@ -78,7 +78,7 @@ impl From<u64> for Arg {
 /// its own, and the join's counters.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {
-    placement: Placement,
+    instance: Instance,
 }
 
 impl CudaBackend {
@@ -92,11 +92,11 @@ impl CudaBackend {
         if blocks == 0 {
             return Ok(());
         }
-        let function = self.placement.device.kernel(kernel)?;
+        let function = self.instance.device.kernel(kernel)?;
         let grid = u32::try_from(blocks)
             .map_err(|_| exec_datafusion_err!("GPU join kernel {kernel}: {blocks} blocks are too many"))?;
         let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared };
-        let mut builder = self.placement.stream.launch_builder(function);
+        let mut builder = self.instance.stream.launch_builder(function);
         for arg in args {
             match arg {
                 Arg::U8(v) => builder.arg(v),
@@ -112,7 +112,7 @@ impl CudaBackend {
 
     /// Waits for the stream's work; a kernel fault surfaces here.
     fn synchronize(&self, what: &str) -> Result<()> {
-        self.placement.stream.synchronize().map_err(|e| device::cuda_error(what, e))
+        self.instance.stream.synchronize().map_err(|e| device::cuda_error(what, e))
     }
 }
 
@@ -127,7 +127,7 @@ impl JoinBackend for CudaBackend {
 
     fn open(device: &Arc<CudaDevice>, counters: Arc<DeviceCounters>) -> Result<Self> {
         let stream = device.context.new_stream().map_err(|e| device::cuda_error("creating a stream", e))?;
-        Ok(Self { placement: Placement { device: Arc::clone(device), stream, counters } })
+        Ok(Self { instance: Instance { device: Arc::clone(device), stream, counters } })
     }
 
     fn name(&self) -> &'static str {
@@ -135,7 +135,7 @@ impl JoinBackend for CudaBackend {
     }
 
     fn counters(&self) -> &DeviceCounters {
-        &self.placement.counters
+        &self.instance.counters
     }
 
     fn finish(&self) -> Result<()> {
@@ -147,7 +147,7 @@ impl JoinBackend for CudaBackend {
     }
 
     fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
-        DeviceBuffer::upload(&self.placement, host, "a vector")
+        DeviceBuffer::upload(&self.instance, host, "a vector")
     }
 
     fn download<T: Element>(&self, vector: &DeviceBuffer<T>) -> Result<Vec<T>> {
@@ -208,7 +208,7 @@ impl JoinBackend for CudaBackend {
     }
 
     fn gather_positions(&self, values: &DeviceBuffer<u32>, positions: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
-        let out = DeviceBuffer::<u32>::alloc(&self.placement, positions.len(), "gathered positions")?;
+        let out = DeviceBuffer::<u32>::alloc(&self.instance, positions.len(), "gathered positions")?;
         let n = positions.len() as u64;
         self.launch(
             "gather_positions",
@@ -233,19 +233,18 @@ impl JoinBackend for CudaBackend {
     }
 
     fn sequence(&self, len: usize) -> Result<DeviceBuffer<u32>> {
-        let out = DeviceBuffer::<u32>::alloc(&self.placement, len, "a sequence")?;
+        let out = DeviceBuffer::<u32>::alloc(&self.instance, len, "a sequence")?;
         let n = len as u64;
         self.launch("sequence", n, 0, &[out.pointer().into(), n.into()])?;
         Ok(out)
     }
 
     fn null_positions(&self, len: usize) -> Result<DeviceBuffer<u32>> {
-        DeviceBuffer::filled(&self.placement, len, 0xFF, "null positions")
+        DeviceBuffer::filled(&self.instance, len, 0xFF, "null positions")
     }
 
     fn concat(&self, first: &DeviceBuffer<u32>, second: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
-        let mut out =
-            DeviceBuffer::<u32>::alloc(&self.placement, first.len() + second.len(), "concatenated positions")?;
+        let mut out = DeviceBuffer::<u32>::alloc(&self.instance, first.len() + second.len(), "concatenated positions")?;
         out.copy_from(0, first, "concatenating positions")?;
         out.copy_from(first.len(), second, "concatenating positions")?;
         Ok(out)
@@ -262,7 +261,7 @@ impl JoinBackend for CudaBackend {
     }
 
     fn new_flags(&self, len: usize) -> Result<DeviceBuffer<u8>> {
-        DeviceBuffer::filled(&self.placement, len, 0, "flags")
+        DeviceBuffer::filled(&self.instance, len, 0, "flags")
     }
 
     fn set_flags(&self, flags: &DeviceBuffer<u8>, positions: &DeviceBuffer<u32>) -> Result<()> {

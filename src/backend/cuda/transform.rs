@@ -83,7 +83,7 @@ impl CudaBackend {
         for (pass, (shift, digit_bits)) in digits.passes(K::BITS).into_iter().enumerate() {
             let keys_in = current_keys.as_ref().unwrap_or(keys);
             let digit_mask = (1u32 << digit_bits) - 1;
-            let tile_counts = DeviceBuffer::<u32>::alloc(&self.placement, tiles * (digit_mask as usize + 1), what)?;
+            let tile_counts = DeviceBuffer::<u32>::alloc(&self.instance, tiles * (digit_mask as usize + 1), what)?;
             // What both kernels of a pass are told about it, in their order.
             let pass_args = [
                 Arg::from(n as u64),
@@ -96,7 +96,7 @@ impl CudaBackend {
             self.launch_blocks(&self.kernel_name::<K>("radix_histogram"), tiles as u64, 0, n as u64, &args)?;
             self.exclusive_scan(&tile_counts)?;
 
-            let keys_out = DeviceBuffer::<K>::alloc(&self.placement, n, what)?;
+            let keys_out = DeviceBuffer::<K>::alloc(&self.instance, n, what)?;
             // The first pass reads the caller's columns; later ones the last outputs.
             let sources: Vec<(u64, usize)> = if pass == 0 {
                 columns.to_vec()
@@ -107,15 +107,15 @@ impl CudaBackend {
             let mut outputs: Vec<Moving> = vec![];
             let mut descriptors: Vec<u64> = vec![];
             for (source, width) in sources.iter().copied().chain(row_id_source.map(|r| (r, 4))) {
-                let buffer = DeviceBuffer::<u8>::alloc(&self.placement, n * width, what)?;
+                let buffer = DeviceBuffer::<u8>::alloc(&self.instance, n * width, what)?;
                 descriptors.extend([source, buffer.pointer(), width as u64]);
                 outputs.push(Moving { buffer, width });
             }
             let generated = match (pass, with_row_ids) {
-                (0, true) => Some(DeviceBuffer::<u32>::alloc(&self.placement, n, what)?),
+                (0, true) => Some(DeviceBuffer::<u32>::alloc(&self.instance, n, what)?),
                 _ => None,
             };
-            let descriptor_buffer = DeviceBuffer::upload(&self.placement, &descriptors, what)?;
+            let descriptor_buffer = DeviceBuffer::upload(&self.instance, &descriptors, what)?;
             let args = [
                 &[Arg::from(keys_in.pointer()), keys_out.pointer().into()][..],
                 &pass_args,
@@ -181,7 +181,7 @@ impl CudaBackend {
         }
         let (layout, offsets) = match digits {
             Digits::Partition(spec) => {
-                let offsets = DeviceBuffer::<u32>::alloc(&self.placement, spec.partitions() + 2, "partition offsets")?;
+                let offsets = DeviceBuffer::<u32>::alloc(&self.instance, spec.partitions() + 2, "partition offsets")?;
                 let args = [
                     Arg::from(transformed_keys.pointer()),
                     (keys.len() as u64).into(),
@@ -192,7 +192,7 @@ impl CudaBackend {
                 (Layout::Partitioned(spec), offsets)
             }
             Digits::Key => {
-                let offsets = DeviceBuffer::<u32>::alloc(&self.placement, 3, "sorted offsets")?;
+                let offsets = DeviceBuffer::<u32>::alloc(&self.instance, 3, "sorted offsets")?;
                 let args =
                     [Arg::from(transformed_keys.pointer()), (keys.len() as u64).into(), offsets.pointer().into()];
                 self.launch(&self.kernel_name::<K>("sorted_offsets"), 1, 0, &args)?;
