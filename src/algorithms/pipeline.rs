@@ -68,15 +68,6 @@ impl<B: JoinBackend> BuildSide<B> {
         self.batch.num_rows()
     }
 
-    pub fn strategy(&self) -> Strategy {
-        self.strategy
-    }
-
-    /// How the keys were normalised, e.g. `packed 27 bits`.
-    pub fn key_encoding(&self) -> String {
-        self.encoder.describe()
-    }
-
     fn view(&self) -> SideView<'_, B> {
         let (row_ids, payloads) = match &self.relation {
             KeyedRelation::U32(r) => (r.row_ids.as_ref(), r.payloads.as_slice()),

@@ -37,10 +37,6 @@ impl DeviceCounters {
         self.bytes_from_device.load(Ordering::Relaxed)
     }
 
-    pub fn in_use(&self) -> u64 {
-        self.in_use.load(Ordering::Relaxed)
-    }
-
     pub fn peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }
