@@ -41,9 +41,16 @@ __device__ __forceinline__ u32 partition_of(u64 key, u32 bits) {
     return (u32)((key * 0x9E3779B97F4A7C15ull) >> (64 - bits));
 }
 
-// Hash table slot of a key, independent of the bits that chose its partition.
+// Hash table slot of a key, independent of the bits that chose its
+// partition. A multiplier other than the partition function's keeps the two
+// uncorrelated; for 4-byte keys the 64-bit golden-ratio multiplier also
+// spreads dense keys (surrogate keys) evenly, which halves the walks.
 __device__ __forceinline__ u32 slot_hash(u64 key) {
     return (u32)((key * 0xD6E8FEB86659FD93ull) >> 32);
+}
+
+__device__ __forceinline__ u32 slot_hash(u32 key) {
+    return (u32)(((u64)key * 0x9E3779B97F4A7C15ull) >> 32);
 }
 
 // The digit of one radix pass: bits [shift, shift + digit bits) of the key
@@ -57,6 +64,20 @@ __device__ __forceinline__ u32 digit_of(K key, u32 partition_bits, u32 shift, u3
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
 __device__ __forceinline__ u32 lanes_below() { return (1u << lane_id()) - 1u; }
+
+// The lanes of the warp whose value has the same low `bits` bits as this
+// lane's: one ballot per bit, cheaper than __match_any_sync.
+template <u32 BITS>
+__device__ __forceinline__ u32 lanes_with_equal_bits(u32 value) {
+    u32 peers = FULL_MASK;
+#pragma unroll
+    for (u32 bit = 0; bit < BITS; bit++) {
+        const bool set = (value >> bit) & 1;
+        const u32 ones = __ballot_sync(FULL_MASK, set);
+        peers &= set ? ones : ~ones;
+    }
+    return peers;
+}
 
 // Exclusive prefix sum over the block (BLOCK threads, all must call it);
 // `scratch` holds WARPS values. Returns the thread's prefix and the total.

@@ -3,14 +3,29 @@
 // one byte per row on the device; pack_bits and unpack_bits convert them
 // from and to Arrow's bitmaps.
 
+// Rows per thread of the value gathers: their loads are in flight together.
+#define GATHER_ITEMS 4
+
 template <typename T>
 __device__ void gather(const T* values, const u32* positions, u64 n, T* out) {
-    const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
-    if (i >= n) return;
-    const u32 p = positions[i];
-    T zero;
-    memset(&zero, 0, sizeof(T));
-    out[i] = p == NULL_POSITION ? zero : values[p];
+    const u64 base = (u64)blockIdx.x * BLOCK * GATHER_ITEMS + threadIdx.x;
+    u32 from[GATHER_ITEMS];
+#pragma unroll
+    for (u32 k = 0; k < GATHER_ITEMS; k++) {
+        const u64 i = base + (u64)k * BLOCK;
+        from[k] = i < n ? positions[i] : NULL_POSITION;
+    }
+    T gathered[GATHER_ITEMS];
+#pragma unroll
+    for (u32 k = 0; k < GATHER_ITEMS; k++) {
+        memset(&gathered[k], 0, sizeof(T));
+        if (from[k] != NULL_POSITION) gathered[k] = values[from[k]];
+    }
+#pragma unroll
+    for (u32 k = 0; k < GATHER_ITEMS; k++) {
+        const u64 i = base + (u64)k * BLOCK;
+        if (i < n) out[i] = gathered[k];
+    }
 }
 
 extern "C" __global__ void gather_1(const u8* v, const u32* p, u64 n, u8* out) { gather<u8>(v, p, n, out); }

@@ -22,85 +22,179 @@ struct ColumnMove {
 template <typename K>
 __device__ void radix_histogram(const K* keys, u64 n, u32 partition_bits, u32 shift, u32 digit_mask,
                                 u32 tiles, u32* tile_counts) {
-    __shared__ u32 counts[MAX_DIGITS];
-    for (u32 d = threadIdx.x; d < MAX_DIGITS; d += BLOCK) counts[d] = 0;
+    // Warp-private counters keep same-digit atomics of different warps apart.
+    __shared__ u32 counts[WARPS][MAX_DIGITS];
+    for (u32 d = threadIdx.x; d < WARPS * MAX_DIGITS; d += BLOCK) (&counts[0][0])[d] = 0;
     __syncthreads();
     const u64 base = (u64)blockIdx.x * TILE;
+    u32* warp_counts = counts[threadIdx.x >> 5];
     // All loads first, so that they are in flight together.
-    u32 digits[TILE_ITEMS];
+    K tile_keys[TILE_ITEMS];
 #pragma unroll
     for (u32 i = 0; i < TILE_ITEMS; i++) {
         const u64 index = base + (u64)i * BLOCK + threadIdx.x;
-        digits[i] = index < n ? digit_of<K>(keys[index], partition_bits, shift, digit_mask) : MAX_DIGITS;
+        if (index < n) tile_keys[i] = keys[index];
     }
 #pragma unroll
     for (u32 i = 0; i < TILE_ITEMS; i++) {
-        // Lanes with equal digits add once, so skewed data costs no more.
-        const u32 peers = __match_any_sync(FULL_MASK, digits[i]);
-        if (digits[i] != MAX_DIGITS && (peers & lanes_below()) == 0) atomicAdd(&counts[digits[i]], __popc(peers));
+        const u64 index = base + (u64)i * BLOCK + threadIdx.x;
+        if (index < n) atomicAdd(&warp_counts[digit_of<K>(tile_keys[i], partition_bits, shift, digit_mask)], 1u);
     }
     __syncthreads();
-    for (u32 d = threadIdx.x; d <= digit_mask; d += BLOCK) tile_counts[(u64)d * tiles + blockIdx.x] = counts[d];
+    for (u32 d = threadIdx.x; d <= digit_mask; d += BLOCK) {
+        u32 total = 0;
+#pragma unroll
+        for (u32 w = 0; w < WARPS; w++) total += counts[w][d];
+        tile_counts[(u64)d * tiles + blockIdx.x] = total;
+    }
 }
 
-#define MOVE_BATCH 4
+// What the moves of one tile share, all in shared memory. Items are
+// exchanged through `words` as values of up to 8 bytes: every thread loads
+// TILE_ITEMS values (coalesced, in the warp-striped item order of the keys),
+// stores each at its item's slot, and then writes the slots BLOCK apart, so
+// consecutive threads write consecutive positions of each digit's run.
+struct TileExchange {
+    u64* words;               // TILE values
+    const u16* slot_of_item;  // TILE slots
+    const u8* digit_of_slot;  // TILE digits
+    const u32* digit_base;    // output position of a digit's slot 0
+};
 
-// Copies MOVE_BATCH values: every load, then every store.
+__device__ __forceinline__ u32 tile_item(u32 round) { return (threadIdx.x >> 5) * (TILE / WARPS) + round * 32 + lane_id(); }
+
+// Moves one column of `T` (8 bytes at most) of the tile. `stride`/`part`
+// select one 8-byte half of a 16-byte value (stride 2), otherwise 1 and 0.
 template <typename T>
-__device__ __forceinline__ void move_batch(const T* __restrict__ from, T* __restrict__ to, const u32* source,
-                                           const u32* destination, const bool* valid) {
-    T values[MOVE_BATCH];
+__device__ __forceinline__ void move_column(const T* __restrict__ from, T* __restrict__ to, u64 base, u32 tile_rows,
+                                            TileExchange tile, u32 stride, u32 part) {
+    // Half a tile's loads at a time are in flight: enough to cover memory
+    // latency, few enough registers for four blocks per multiprocessor.
+    T* words = (T*)tile.words;
 #pragma unroll
-    for (u32 b = 0; b < MOVE_BATCH; b++)
-        if (valid[b]) values[b] = from[source[b]];
+    for (u32 half = 0; half < TILE_ITEMS; half += TILE_ITEMS / 2) {
+        T values[TILE_ITEMS / 2];
 #pragma unroll
-    for (u32 b = 0; b < MOVE_BATCH; b++)
-        if (valid[b]) to[destination[b]] = values[b];
+        for (u32 r = 0; r < TILE_ITEMS / 2; r++) {
+            const u32 item = tile_item(half + r);
+            if (item < tile_rows) values[r] = from[(base + item) * stride + part];
+        }
+#pragma unroll
+        for (u32 r = 0; r < TILE_ITEMS / 2; r++) {
+            const u32 item = tile_item(half + r);
+            if (item < tile_rows) words[tile.slot_of_item[item]] = values[r];
+        }
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (u32 i = 0; i < TILE_ITEMS; i++) {
+        const u32 slot = i * BLOCK + threadIdx.x;
+        if (slot < tile_rows) {
+            const u32 position = tile.digit_base[tile.digit_of_slot[slot]] + slot;
+            to[(u64)position * stride + part] = words[slot];
+        }
+    }
+    __syncthreads();
+}
+
+// A 4-byte key and a 4-byte column travel as one 8-byte word: one exchange
+// instead of two.
+__device__ __forceinline__ void move_key_and_column(const u32* __restrict__ keys_from, u32* __restrict__ keys_to,
+                                                    const u32* __restrict__ from, u32* __restrict__ to, u64 base,
+                                                    u32 tile_rows, TileExchange tile) {
+#pragma unroll
+    for (u32 quarter = 0; quarter < TILE_ITEMS; quarter += TILE_ITEMS / 4) {
+        u64 pairs[TILE_ITEMS / 4];
+#pragma unroll
+        for (u32 r = 0; r < TILE_ITEMS / 4; r++) {
+            const u32 item = tile_item(quarter + r);
+            if (item < tile_rows) pairs[r] = (u64)keys_from[base + item] | ((u64)from[base + item] << 32);
+        }
+#pragma unroll
+        for (u32 r = 0; r < TILE_ITEMS / 4; r++) {
+            const u32 item = tile_item(quarter + r);
+            if (item < tile_rows) tile.words[tile.slot_of_item[item]] = pairs[r];
+        }
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (u32 i = 0; i < TILE_ITEMS; i++) {
+        const u32 slot = i * BLOCK + threadIdx.x;
+        if (slot < tile_rows) {
+            const u32 position = tile.digit_base[tile.digit_of_slot[slot]] + slot;
+            const u64 pair = tile.words[slot];
+            keys_to[position] = (u32)pair;
+            to[position] = (u32)(pair >> 32);
+        }
+    }
+    __syncthreads();
+}
+
+// The tile's row ids (its items' positions in the input) to their slots.
+__device__ __forceinline__ void move_row_ids(u32* __restrict__ to, u64 base, u32 tile_rows, TileExchange tile) {
+    u32* words = (u32*)tile.words;
+    for (u32 item = threadIdx.x; item < tile_rows; item += BLOCK) words[tile.slot_of_item[item]] = (u32)(base + item);
+    __syncthreads();
+    for (u32 slot = threadIdx.x; slot < tile_rows; slot += BLOCK)
+        to[tile.digit_base[tile.digit_of_slot[slot]] + slot] = words[slot];
+    __syncthreads();
 }
 
 template <typename K>
 __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partition_bits, u32 shift,
                               u32 digit_mask, u32 tiles, const u32* tile_offsets,
                               const ColumnMove* columns, u32 column_count, u32* generated_row_ids) {
-    __shared__ u32 warp_counts[WARPS][MAX_DIGITS];
-    __shared__ u32 digit_start[MAX_DIGITS];
-    __shared__ u32 digit_offset[MAX_DIGITS];
-    __shared__ u16 source_of_slot[TILE];
+    // The warp counters are only needed until every item has its slot, the
+    // exchange only after that: they share memory.
+    __shared__ u64 words[TILE];
+    __shared__ u16 slot_of_item[TILE];
     __shared__ u8 digit_of_slot[TILE];
+    __shared__ u32 digit_start[MAX_DIGITS];
+    __shared__ u32 digit_base[MAX_DIGITS];
     __shared__ u32 scratch[WARPS];
+    u32(*warp_counts)[MAX_DIGITS] = (u32(*)[MAX_DIGITS])words;
 
     const u32 tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
     const u64 base = (u64)blockIdx.x * TILE;
     const u32 tile_rows = (u32)min((u64)TILE, n - base);
 
     for (u32 x = tid; x < WARPS * MAX_DIGITS; x += BLOCK) (&warp_counts[0][0])[x] = 0;
-    __syncthreads();
 
     // Each warp ranks its own run of WARP_ITEMS consecutive items, 32 at a
     // time, against warp-private digit counters: items are ordered by
     // (warp, round, lane), which is input order, so the ranking is stable.
     const u32 WARP_ITEMS = TILE / WARPS;
     // Digit in the high half, rank in the low half (ranks stay below TILE).
-    u32 item_digit_rank[TILE_ITEMS];
+    u32 item_slot[TILE_ITEMS];
 #pragma unroll
-    for (u32 round = 0; round < TILE_ITEMS; round++) {
-        const u32 item = warp * WARP_ITEMS + round * 32 + lane;
-        item_digit_rank[round] =
-            item < tile_rows ? digit_of<K>(keys_in[base + item], partition_bits, shift, digit_mask) : MAX_DIGITS;
+    for (u32 half = 0; half < TILE_ITEMS; half += TILE_ITEMS / 2) {
+        K keys[TILE_ITEMS / 2];
+#pragma unroll
+        for (u32 r = 0; r < TILE_ITEMS / 2; r++) {
+            const u32 item = tile_item(half + r);
+            if (item < tile_rows) keys[r] = keys_in[base + item];
+        }
+#pragma unroll
+        for (u32 r = 0; r < TILE_ITEMS / 2; r++) {
+            const u32 item = tile_item(half + r);
+            item_slot[half + r] = item < tile_rows ? digit_of<K>(keys[r], partition_bits, shift, digit_mask) : MAX_DIGITS;
+        }
     }
+    __syncthreads();
 #pragma unroll
     for (u32 round = 0; round < TILE_ITEMS; round++) {
         const u32 item = warp * WARP_ITEMS + round * 32 + lane;
         const bool valid = item < tile_rows;
-        const u32 digit = item_digit_rank[round];
-        const u32 peers = __match_any_sync(FULL_MASK, digit);
+        const u32 digit = item_slot[round];
+        // Digits take 8 bits; MAX_DIGITS (invalid items) sets the ninth.
+        const u32 peers = lanes_with_equal_bits<9>(digit);
         const u32 below = __popc(peers & lanes_below());
         u32 before = 0;
         if (valid) before = warp_counts[warp][digit];
         __syncwarp();
         if (valid && below == 0) warp_counts[warp][digit] = before + __popc(peers);
         __syncwarp();
-        item_digit_rank[round] = (digit << 16) | (before + below);
+        item_slot[round] = (digit << 16) | (before + below);
     }
     __syncthreads();
 
@@ -125,51 +219,47 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
         const u32 start = block_exclusive_scan<u32>(count, &total, scratch);
         if (d < MAX_DIGITS) {
             digit_start[d] = start;
-            digit_offset[d] = d <= digit_mask ? tile_offsets[(u64)d * tiles + blockIdx.x] : 0u;
+            // Wrapping arithmetic: digit_base + slot is the output position.
+            digit_base[d] = (d <= digit_mask ? tile_offsets[(u64)d * tiles + blockIdx.x] : 0u) - start;
         }
     }
     __syncthreads();
+#pragma unroll
     for (u32 round = 0; round < TILE_ITEMS; round++) {
         const u32 item = warp * WARP_ITEMS + round * 32 + lane;
         if (item < tile_rows) {
-            const u32 digit = item_digit_rank[round] >> 16;
-            const u32 slot = digit_start[digit] + warp_counts[warp][digit] + (item_digit_rank[round] & 0xFFFFu);
-            source_of_slot[slot] = (u16)item;
+            const u32 digit = item_slot[round] >> 16;
+            const u32 slot = digit_start[digit] + warp_counts[warp][digit] + (item_slot[round] & 0xFFFFu);
             digit_of_slot[slot] = (u8)digit;
+            slot_of_item[item] = (u16)slot;
         }
     }
+    // The warp counters are dead from here on; the exchange reuses them.
     __syncthreads();
 
-    // Write slot by slot: a run of one digit goes to consecutive positions.
-    // Each thread handles MOVE_BATCH slots at a time, all loads before all
-    // stores, so that the loads of a batch are in flight together.
-    for (u32 first = 0; first < TILE; first += BLOCK * MOVE_BATCH) {
-        u32 source[MOVE_BATCH];
-        u32 destination[MOVE_BATCH];
-        bool valid[MOVE_BATCH];
-#pragma unroll
-        for (u32 b = 0; b < MOVE_BATCH; b++) {
-            const u32 slot = first + b * BLOCK + tid;
-            valid[b] = slot < tile_rows;
-            const u32 digit = valid[b] ? digit_of_slot[slot] : 0;
-            destination[b] = valid[b] ? digit_offset[digit] + (slot - digit_start[digit]) : 0;
-            source[b] = valid[b] ? (u32)(base + source_of_slot[slot]) : 0;
-        }
-        move_batch<K>(keys_in, keys_out, source, destination, valid);
-        if (generated_row_ids) {
-#pragma unroll
-            for (u32 b = 0; b < MOVE_BATCH; b++)
-                if (valid[b]) generated_row_ids[destination[b]] = source[b];
-        }
-        for (u32 c = 0; c < column_count; c++) {
-            const ColumnMove column = columns[c];
-            switch (column.width) {
-                case 1: move_batch<u8>(column.source, column.destination, source, destination, valid); break;
-                case 2: move_batch<u16>((const u16*)column.source, (u16*)column.destination, source, destination, valid); break;
-                case 4: move_batch<u32>((const u32*)column.source, (u32*)column.destination, source, destination, valid); break;
-                case 8: move_batch<u64>((const u64*)column.source, (u64*)column.destination, source, destination, valid); break;
-                case 16: move_batch<uint4>((const uint4*)column.source, (uint4*)column.destination, source, destination, valid); break;
-            }
+    const TileExchange tile = {words, slot_of_item, digit_of_slot, digit_base};
+    // The keys are read again (the tile is still in cache) rather than kept
+    // in registers through the ranking.
+    u32 first_column = 0;
+    if (sizeof(K) == 4 && column_count > 0 && columns[0].width == 4) {
+        move_key_and_column((const u32*)keys_in, (u32*)keys_out, (const u32*)columns[0].source,
+                            (u32*)columns[0].destination, base, tile_rows, tile);
+        first_column = 1;
+    } else {
+        move_column<K>(keys_in, keys_out, base, tile_rows, tile, 1, 0);
+    }
+    if (generated_row_ids) move_row_ids(generated_row_ids, base, tile_rows, tile);
+    for (u32 c = first_column; c < column_count; c++) {
+        const ColumnMove column = columns[c];
+        switch (column.width) {
+            case 1: move_column<u8>(column.source, column.destination, base, tile_rows, tile, 1, 0); break;
+            case 2: move_column<u16>((const u16*)column.source, (u16*)column.destination, base, tile_rows, tile, 1, 0); break;
+            case 4: move_column<u32>((const u32*)column.source, (u32*)column.destination, base, tile_rows, tile, 1, 0); break;
+            case 8: move_column<u64>((const u64*)column.source, (u64*)column.destination, base, tile_rows, tile, 1, 0); break;
+            case 16:
+                move_column<u64>((const u64*)column.source, (u64*)column.destination, base, tile_rows, tile, 2, 0);
+                move_column<u64>((const u64*)column.source, (u64*)column.destination, base, tile_rows, tile, 2, 1);
+                break;
         }
     }
 }

@@ -35,23 +35,35 @@ __device__ void scan_totals(T* block_totals, u32 count) {
     if (threadIdx.x == 0) block_totals[count] = carry;
 }
 
-// Each thread scans SCAN_ITEMS consecutive values; `output` may alias `input`.
+// Each thread scans SCAN_ITEMS consecutive values; `output` may alias
+// `input`. The tile passes through shared memory so that global loads and
+// stores are coalesced; a padding word every 32 keeps the per-thread runs
+// off a single bank.
+#define SCAN_PADDED(i) ((i) + (i) / 32)
+
 template <typename T>
 __device__ void scan_blocks(const T* input, T* output, u64 n, const T* block_offsets) {
     __shared__ T scratch[WARPS];
-    const u64 base = (u64)blockIdx.x * SCAN_TILE + (u64)threadIdx.x * SCAN_ITEMS;
+    __shared__ T tile[SCAN_PADDED(SCAN_TILE)];
+    const u64 base = (u64)blockIdx.x * SCAN_TILE;
+    for (u32 i = threadIdx.x; i < SCAN_TILE; i += BLOCK) tile[SCAN_PADDED(i)] = base + i < n ? input[base + i] : (T)0;
+    __syncthreads();
+    const u32 first = threadIdx.x * SCAN_ITEMS;
     T values[SCAN_ITEMS];
     T sum = 0;
     for (u32 i = 0; i < SCAN_ITEMS; i++) {
-        values[i] = base + i < n ? input[base + i] : (T)0;
+        values[i] = tile[SCAN_PADDED(first + i)];
         sum += values[i];
     }
     T total;
     T running = block_offsets[blockIdx.x] + block_exclusive_scan<T>(sum, &total, scratch);
     for (u32 i = 0; i < SCAN_ITEMS; i++) {
-        if (base + i < n) output[base + i] = running;
+        tile[SCAN_PADDED(first + i)] = running;
         running += values[i];
     }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < SCAN_TILE; i += BLOCK)
+        if (base + i < n) output[base + i] = tile[SCAN_PADDED(i)];
 }
 
 extern "C" __global__ void scan_block_totals_u32(const u32* input, u64 n, u32* totals) { scan_block_totals<u32>(input, n, totals); }

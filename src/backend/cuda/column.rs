@@ -14,6 +14,9 @@ use datafusion::error::Result;
 use super::CudaBackend;
 use super::memory::DeviceBuffer;
 
+/// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
+const GATHER_ITEMS: u64 = 4;
+
 #[derive(Debug)]
 pub struct CudaColumn {
     pub(crate) data_type: DataType,
@@ -118,7 +121,8 @@ impl CudaBackend {
             w => return Err(internal_datafusion_err!("no gather for {w}-byte values")),
         };
         let (source, index, n, out) = (column.values.pointer(), positions.pointer(), rows as u64, values.pointer());
-        self.launch(kernel, n, 0, &[source.into(), index.into(), n.into(), out.into()])?;
+        let blocks = n.div_ceil(u64::from(super::BLOCK) * GATHER_ITEMS);
+        self.launch_blocks(kernel, blocks, 0, n, &[source.into(), index.into(), n.into(), out.into()])?;
         // Validity only where a null can arise: a null source or a null position.
         let validity = if may_hold_nulls || column.validity.is_some() {
             let validity = DeviceBuffer::<u8>::alloc(&self.instance, rows, what)?;

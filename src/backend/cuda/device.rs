@@ -116,6 +116,21 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             }
             .map_err(|e| format!("kernel {name}: {table_bytes} bytes of shared memory: {e}"))?;
         }
+        // Kernels whose occupancy is bounded by shared memory get all of it
+        // that the L1 cache can give up.
+        let shared_bound = super::matching::TABLE_KERNELS.iter().chain(super::transform::SCATTER_KERNELS.iter());
+        for name in shared_bound {
+            let function = kernels.get(name).ok_or_else(|| format!("kernel {name} is not loaded"))?;
+            // SAFETY: as above.
+            unsafe {
+                cudarc::driver::result::function::set_function_attribute(
+                    function.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    100,
+                )
+            }
+            .map_err(|e| format!("kernel {name}: preferring shared memory: {e}"))?;
+        }
         Ok(CudaDevice {
             context,
             kernels,

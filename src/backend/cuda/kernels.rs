@@ -26,7 +26,7 @@ const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 34] = [
+pub(crate) const KERNEL_NAMES: [&str; 37] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -41,10 +41,13 @@ pub(crate) const KERNEL_NAMES: [&str; 34] = [
     "partition_offsets_u64",
     "sorted_offsets_u32",
     "sorted_offsets_u64",
-    "hash_count_u32",
-    "hash_count_u64",
-    "hash_write_u32",
-    "hash_write_u64",
+    "hash_first_u32",
+    "hash_first_u64",
+    "hash_second_u32",
+    "hash_second_u64",
+    "hash_misplaced",
+    "plan_unit_counts",
+    "plan_units",
     "merge_count_u32",
     "merge_count_u64",
     "merge_write",
@@ -120,6 +123,15 @@ fn cubin(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     unsafe { nvrtc_sys::nvrtcGetCUBIN(program, image.as_mut_ptr().cast()) }
         .result()
         .map_err(|e| format!("NVRTC CUBIN: {e:?}"))?;
+    // A kernel the backend launches but the source lacks would otherwise
+    // only fail on a GPU, at load time.
+    let has_symbol = |name: &str| {
+        let symbol = [name.as_bytes(), b"\0"].concat();
+        image.windows(symbol.len()).any(|w| w == symbol.as_slice())
+    };
+    if let Some(missing) = KERNEL_NAMES.iter().find(|name| !has_symbol(name)) {
+        return Err(format!("the compiled kernels lack {missing}"));
+    }
     Ok(image)
 }
 

@@ -3,7 +3,10 @@
 //! Partitioned hash join: the host plans work units from the partition
 //! offsets (a co-partition, or a piece of one when its build side exceeds a
 //! shared-memory hash table or its probe side is long), then one block per
-//! unit builds the table and streams the probe rows through it.
+//! unit builds the table and streams the probe rows through it. A unit with
+//! unique build keys writes its matches in its first launch, into its own
+//! probe rows' range; when that leaves every match in place (a foreign-key
+//! join where each probe row matches) no second launch runs.
 //!
 //! Sort-merge join: binary searches give each probe row its run of equal
 //! build keys; counts are scanned; each probe row writes its pairs.
@@ -16,7 +19,8 @@ use super::{Arg, CudaBackend};
 use crate::backend::{Candidates, Layout, Space, Transformed};
 use crate::keys::NormalizedKey;
 
-/// Probe rows one work unit streams through its table at most.
+/// Probe rows one work unit streams through its table at most (a slice of a
+/// long probe partition).
 const PROBE_SLICE_ROWS: u32 = 16 * 1024;
 /// Shared memory a work unit's hash table may use.
 const TABLE_BYTES: u32 = 96 * 1024;
@@ -27,7 +31,7 @@ pub(super) fn table_limit(max_shared_bytes: u32) -> u32 {
 }
 
 /// Kernels whose blocks use a work unit's table in dynamic shared memory.
-pub(super) const TABLE_KERNELS: [&str; 4] = ["hash_count_u32", "hash_count_u64", "hash_write_u32", "hash_write_u64"];
+pub(super) const TABLE_KERNELS: [&str; 4] = ["hash_first_u32", "hash_first_u64", "hash_second_u32", "hash_second_u64"];
 
 /// Hash table slots for `build_rows` rows (load factor at most 3/4); the
 /// kernel computes the same.
@@ -54,30 +58,8 @@ fn build_rows_per_unit<K: NormalizedKey>(limit: u32) -> u32 {
     (slots / 4 * 3).max(rows)
 }
 
-/// Work units (build begin, build end, probe begin, probe end) covering
-/// every co-partition but the unmatchable one.
-fn plan_units(build: &[u32], probe: &[u32], max_build_rows: u32) -> Vec<u32> {
-    let partitions = build.len().saturating_sub(2);
-    let mut units = vec![];
-    for p in 0..partitions {
-        let (b0, b1, p0, p1) = (build[p], build[p + 1], probe[p], probe[p + 1]);
-        if b0 == b1 || p0 == p1 {
-            continue;
-        }
-        let mut b = b0;
-        while b < b1 {
-            let b_end = b1.min(b + max_build_rows);
-            let mut q = p0;
-            while q < p1 {
-                let q_end = p1.min(q + PROBE_SLICE_ROWS);
-                units.extend([b, b_end, q, q_end]);
-                q = q_end;
-            }
-            b = b_end;
-        }
-    }
-    units
-}
+/// u32 fields of a work unit (WorkUnit in match.cu).
+const UNIT_FIELDS: usize = 5;
 
 impl CudaBackend {
     fn row_ids_for<K: NormalizedKey>(relation: &Transformed<CudaBackend, K>, space: Space, side: &str) -> Result<u64> {
@@ -102,29 +84,67 @@ impl CudaBackend {
         }
         let limit = table_limit(self.instance.device.max_shared_bytes);
         let max_build_rows = build_rows_per_unit::<K>(limit);
-        let build_offsets = build.offsets.download("build partition offsets")?;
-        let probe_offsets = probe.offsets.download("probe partition offsets")?;
-        let units = plan_units(&build_offsets, &probe_offsets, max_build_rows);
-        let unit_count = units.len() / 4;
+        let partitions = build_spec.partitions();
+        // Plan the units: counts per co-partition, scanned (one extra zero
+        // becomes the total), then the units themselves.
+        let unit_counts = DeviceBuffer::<u64>::filled(&self.instance, partitions + 1, 0, "work units per partition")?;
+        let largest_build = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "largest work unit")?;
+        let plan_args = [
+            Arg::from(build.offsets.pointer()),
+            probe.offsets.pointer().into(),
+            (partitions as u32).into(),
+            max_build_rows.into(),
+            PROBE_SLICE_ROWS.into(),
+        ];
+        let args = [&plan_args[..], &[unit_counts.pointer().into(), largest_build.pointer().into()]].concat();
+        self.launch("plan_unit_counts", partitions as u64, 0, &args)?;
+        self.exclusive_scan(&unit_counts)?;
+        let unit_count = unit_counts.download_at(partitions, "the number of work units")? as usize;
         if unit_count == 0 {
             return self.empty_candidates();
         }
-        let shared = (0..unit_count).map(|u| table_bytes::<K>(units[4 * u + 1] - units[4 * u])).max().unwrap_or(0);
-        let units = DeviceBuffer::upload(&self.instance, &units, "work units")?;
+        let shared = table_bytes::<K>(largest_build.download_at(0, "the largest work unit")?);
+        let units = DeviceBuffer::<u32>::alloc(&self.instance, unit_count * UNIT_FIELDS, "work units")?;
+        let args = [&plan_args[..], &[unit_counts.pointer().into(), units.pointer().into()]].concat();
+        self.launch("plan_units", partitions as u64, 0, &args)?;
         let (build_ids, probe_ids) =
             (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
-        // Count, then write: every unit learns where its matches go.
-        let unit_matches = DeviceBuffer::<u64>::alloc(&self.instance, unit_count, "matches per work unit")?;
+        let mut direct_build = DeviceBuffer::<u32>::alloc(&self.instance, probe.rows, "matched build positions")?;
+        let mut direct_probe = DeviceBuffer::<u32>::alloc(&self.instance, probe.rows, "matched probe positions")?;
+        // One extra zero count becomes the total after the scan.
+        let unit_matches = DeviceBuffer::<u64>::filled(&self.instance, unit_count + 1, 0, "matches per work unit")?;
+        let unit_written = DeviceBuffer::<u32>::alloc(&self.instance, unit_count, "work units written")?;
         let args = [
             Arg::from(build.keys.pointer()),
             probe.keys.pointer().into(),
             units.pointer().into(),
+            build_ids.into(),
+            probe_ids.into(),
+            direct_build.pointer().into(),
+            direct_probe.pointer().into(),
             unit_matches.pointer().into(),
+            unit_written.pointer().into(),
         ];
-        self.launch_blocks(&self.kernel_name::<K>("hash_count"), unit_count as u64, shared, probe.rows as u64, &args)?;
-        let total = self.exclusive_scan(&unit_matches)?.read()?;
+        self.launch_blocks(&self.kernel_name::<K>("hash_first"), unit_count as u64, shared, probe.rows as u64, &args)?;
+        self.exclusive_scan(&unit_matches)?;
+        let misplaced = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "misplaced work units")?;
+        let args = [
+            Arg::from(units.pointer()),
+            (unit_count as u32).into(),
+            unit_matches.pointer().into(),
+            unit_written.pointer().into(),
+            misplaced.pointer().into(),
+        ];
+        self.launch("hash_misplaced", unit_count as u64, 0, &args)?;
+        let total = unit_matches.download_at(unit_count, "the number of matches")?;
         let total = usize::try_from(total)
             .map_err(|_| datafusion::common::resources_datafusion_err!("{total} matches do not fit in memory"))?;
+        if misplaced.download_at(0, "misplaced work units")? == 0 {
+            // Every match is where the scan puts it: positions 0..total.
+            direct_build.truncate(total);
+            direct_probe.truncate(total);
+            return Ok(Candidates { build: direct_build, probe: direct_probe });
+        }
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
         let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [
@@ -133,11 +153,14 @@ impl CudaBackend {
             units.pointer().into(),
             build_ids.into(),
             probe_ids.into(),
+            direct_build.pointer().into(),
+            direct_probe.pointer().into(),
             out_build.pointer().into(),
             out_probe.pointer().into(),
             unit_matches.pointer().into(),
+            unit_written.pointer().into(),
         ];
-        self.launch_blocks(&self.kernel_name::<K>("hash_write"), unit_count as u64, shared, probe.rows as u64, &args)?;
+        self.launch_blocks(&self.kernel_name::<K>("hash_second"), unit_count as u64, shared, probe.rows as u64, &args)?;
         Ok(Candidates { build: out_build, probe: out_probe })
     }
 
@@ -206,17 +229,5 @@ mod tests {
             assert!(u64::from(table_slots(rows)) * 3 >= u64::from(rows) * 4);
         }
         assert_eq!(build_rows_per_unit::<u32>(96 * 1024), 6144);
-    }
-
-    #[test]
-    fn units_split_long_partitions_and_skip_empty_ones() {
-        // Partition 0: 10 build, 40000 probe rows; 1: no build rows; then the
-        // unmatchable partition.
-        let build = [0, 10, 10, 12];
-        let probe = [0, 40_000, 40_005, 40_010];
-        let units = plan_units(&build, &probe, 6144);
-        assert_eq!(units, vec![0, 10, 0, 16384, 0, 10, 16384, 32768, 0, 10, 32768, 40000]);
-        let units = plan_units(&[0, 10_000, 10_000, 10_000], &[0, 5, 5, 5], 6144);
-        assert_eq!(units, vec![0, 6144, 0, 5, 6144, 10_000, 0, 5]);
     }
 }

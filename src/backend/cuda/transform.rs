@@ -13,6 +13,8 @@ use crate::keys::NormalizedKey;
 
 /// Items per tile of the radix kernels (BLOCK x TILE_ITEMS in radix.cu).
 const TILE: usize = 256 * 16;
+/// The radix scatter kernels, whose shared memory bounds their occupancy.
+pub(super) const SCATTER_KERNELS: [&str; 2] = ["radix_scatter_u32", "radix_scatter_u64"];
 /// Tells the radix kernels to take digits of the key rather than of its
 /// partition id (SORT_BY_KEY in common.cuh).
 const SORT_BY_KEY: u32 = u32::MAX;
