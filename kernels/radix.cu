@@ -63,38 +63,50 @@ struct TileExchange {
 
 __device__ __forceinline__ u32 tile_item(u32 round) { return (threadIdx.x >> 5) * (TILE / WARPS) + round * 32 + lane_id(); }
 
+// Loads every item of the tile with `load(item)`, coalesced, BATCH rounds
+// at a time (enough loads in flight to cover memory latency, few enough
+// registers for four blocks per multiprocessor), and stores each value at
+// its item's slot of the exchange.
+template <typename T, u32 BATCH, typename Load>
+__device__ __forceinline__ void stage_items(u32 tile_rows, const TileExchange& tile, Load load) {
+    T* words = (T*)tile.words;
+#pragma unroll
+    for (u32 first = 0; first < TILE_ITEMS; first += BATCH) {
+        T values[BATCH];
+#pragma unroll
+        for (u32 r = 0; r < BATCH; r++) {
+            const u32 item = tile_item(first + r);
+            if (item < tile_rows) values[r] = load(item);
+        }
+#pragma unroll
+        for (u32 r = 0; r < BATCH; r++) {
+            const u32 item = tile_item(first + r);
+            if (item < tile_rows) words[tile.slot_of_item[item]] = values[r];
+        }
+    }
+}
+
+// After the staging, calls `write(slot, position)` for every slot of the
+// tile, BLOCK apart, so consecutive threads write consecutive positions.
+template <typename Write>
+__device__ __forceinline__ void write_slots(u32 tile_rows, const TileExchange& tile, Write write) {
+    __syncthreads();
+#pragma unroll 4
+    for (u32 i = 0; i < TILE_ITEMS; i++) {
+        const u32 slot = i * BLOCK + threadIdx.x;
+        if (slot < tile_rows) write(slot, tile.digit_base[tile.digit_of_slot[slot]] + slot);
+    }
+    __syncthreads();
+}
+
 // Moves one column of `T` (8 bytes at most) of the tile. `stride`/`part`
 // select one 8-byte half of a 16-byte value (stride 2), otherwise 1 and 0.
 template <typename T>
 __device__ __forceinline__ void move_column(const T* __restrict__ from, T* __restrict__ to, u64 base, u32 tile_rows,
                                             TileExchange tile, u32 stride, u32 part) {
-    // Half a tile's loads at a time are in flight: enough to cover memory
-    // latency, few enough registers for four blocks per multiprocessor.
-    T* words = (T*)tile.words;
-#pragma unroll
-    for (u32 half = 0; half < TILE_ITEMS; half += TILE_ITEMS / 2) {
-        T values[TILE_ITEMS / 2];
-#pragma unroll
-        for (u32 r = 0; r < TILE_ITEMS / 2; r++) {
-            const u32 item = tile_item(half + r);
-            if (item < tile_rows) values[r] = from[(base + item) * stride + part];
-        }
-#pragma unroll
-        for (u32 r = 0; r < TILE_ITEMS / 2; r++) {
-            const u32 item = tile_item(half + r);
-            if (item < tile_rows) words[tile.slot_of_item[item]] = values[r];
-        }
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (u32 i = 0; i < TILE_ITEMS; i++) {
-        const u32 slot = i * BLOCK + threadIdx.x;
-        if (slot < tile_rows) {
-            const u32 position = tile.digit_base[tile.digit_of_slot[slot]] + slot;
-            to[(u64)position * stride + part] = words[slot];
-        }
-    }
-    __syncthreads();
+    stage_items<T, TILE_ITEMS / 2>(tile_rows, tile, [&](u32 item) { return from[(base + item) * stride + part]; });
+    const T* words = (const T*)tile.words;
+    write_slots(tile_rows, tile, [&](u32 slot, u32 position) { to[(u64)position * stride + part] = words[slot]; });
 }
 
 // A 4-byte key and a 4-byte column travel as one 8-byte word: one exchange
@@ -102,42 +114,21 @@ __device__ __forceinline__ void move_column(const T* __restrict__ from, T* __res
 __device__ __forceinline__ void move_key_and_column(const u32* __restrict__ keys_from, u32* __restrict__ keys_to,
                                                     const u32* __restrict__ from, u32* __restrict__ to, u64 base,
                                                     u32 tile_rows, TileExchange tile) {
-#pragma unroll
-    for (u32 quarter = 0; quarter < TILE_ITEMS; quarter += TILE_ITEMS / 4) {
-        u64 pairs[TILE_ITEMS / 4];
-#pragma unroll
-        for (u32 r = 0; r < TILE_ITEMS / 4; r++) {
-            const u32 item = tile_item(quarter + r);
-            if (item < tile_rows) pairs[r] = (u64)keys_from[base + item] | ((u64)from[base + item] << 32);
-        }
-#pragma unroll
-        for (u32 r = 0; r < TILE_ITEMS / 4; r++) {
-            const u32 item = tile_item(quarter + r);
-            if (item < tile_rows) tile.words[tile.slot_of_item[item]] = pairs[r];
-        }
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (u32 i = 0; i < TILE_ITEMS; i++) {
-        const u32 slot = i * BLOCK + threadIdx.x;
-        if (slot < tile_rows) {
-            const u32 position = tile.digit_base[tile.digit_of_slot[slot]] + slot;
-            const u64 pair = tile.words[slot];
-            keys_to[position] = (u32)pair;
-            to[position] = (u32)(pair >> 32);
-        }
-    }
-    __syncthreads();
+    stage_items<u64, TILE_ITEMS / 4>(tile_rows, tile, [&](u32 item) {
+        return (u64)keys_from[base + item] | ((u64)from[base + item] << 32);
+    });
+    write_slots(tile_rows, tile, [&](u32 slot, u32 position) {
+        const u64 pair = tile.words[slot];
+        keys_to[position] = (u32)pair;
+        to[position] = (u32)(pair >> 32);
+    });
 }
 
 // The tile's row ids (its items' positions in the input) to their slots.
 __device__ __forceinline__ void move_row_ids(u32* __restrict__ to, u64 base, u32 tile_rows, TileExchange tile) {
-    u32* words = (u32*)tile.words;
-    for (u32 item = threadIdx.x; item < tile_rows; item += BLOCK) words[tile.slot_of_item[item]] = (u32)(base + item);
-    __syncthreads();
-    for (u32 slot = threadIdx.x; slot < tile_rows; slot += BLOCK)
-        to[tile.digit_base[tile.digit_of_slot[slot]] + slot] = words[slot];
-    __syncthreads();
+    stage_items<u32, TILE_ITEMS / 2>(tile_rows, tile, [&](u32 item) { return (u32)(base + item); });
+    const u32* words = (const u32*)tile.words;
+    write_slots(tile_rows, tile, [&](u32 slot, u32 position) { to[position] = words[slot]; });
 }
 
 template <typename K>

@@ -114,7 +114,8 @@ impl CudaBackend {
         // One extra zero count becomes the total after the scan.
         let unit_matches = DeviceBuffer::<u64>::filled(&self.instance, unit_count + 1, 0, "matches per work unit")?;
         let unit_written = DeviceBuffer::<u32>::alloc(&self.instance, unit_count, "work units written")?;
-        let args = [
+        // What both match launches read first, in their order.
+        let unit_args = [
             Arg::from(build.keys.pointer()),
             probe.keys.pointer().into(),
             units.pointer().into(),
@@ -122,9 +123,8 @@ impl CudaBackend {
             probe_ids.into(),
             direct_build.pointer().into(),
             direct_probe.pointer().into(),
-            unit_matches.pointer().into(),
-            unit_written.pointer().into(),
         ];
+        let args = [&unit_args[..], &[unit_matches.pointer().into(), unit_written.pointer().into()]].concat();
         self.launch_blocks(&self.kernel_name::<K>("hash_first"), unit_count as u64, shared, probe.rows as u64, &args)?;
         self.exclusive_scan(&unit_matches)?;
         let misplaced = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "misplaced work units")?;
@@ -148,18 +148,15 @@ impl CudaBackend {
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
         let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [
-            Arg::from(build.keys.pointer()),
-            probe.keys.pointer().into(),
-            units.pointer().into(),
-            build_ids.into(),
-            probe_ids.into(),
-            direct_build.pointer().into(),
-            direct_probe.pointer().into(),
-            out_build.pointer().into(),
-            out_probe.pointer().into(),
-            unit_matches.pointer().into(),
-            unit_written.pointer().into(),
-        ];
+            &unit_args[..],
+            &[
+                out_build.pointer().into(),
+                out_probe.pointer().into(),
+                unit_matches.pointer().into(),
+                unit_written.pointer().into(),
+            ],
+        ]
+        .concat();
         self.launch_blocks(&self.kernel_name::<K>("hash_second"), unit_count as u64, shared, probe.rows as u64, &args)?;
         Ok(Candidates { build: out_build, probe: out_probe })
     }
