@@ -11,6 +11,7 @@
 //! ```text
 //! cargo bench --bench kernels [-- --quick]       # GPU machine only
 //! GPU_JOIN_BENCH_SCALE=4 cargo bench --bench kernels   # 1/4 of the sizes
+//! GPU_JOIN_BENCH_ONLY='narrow|wide' cargo bench --bench kernels  # only these workloads
 //! ```
 
 use std::sync::{Arc, Mutex};
@@ -260,7 +261,10 @@ fn kernels(c: &mut Criterion) {
     let gpu = CudaBackend::open(&device, Arc::new(DeviceCounters::default())).expect("a CUDA backend");
     let scale = std::env::var("GPU_JOIN_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
     let results = Mutex::new(vec![]);
-    for workload in workloads(scale) {
+    // Workload names separated by `|`, to run only those.
+    let only = std::env::var("GPU_JOIN_BENCH_ONLY").unwrap_or_default();
+    let selected = |w: &Workload| only.is_empty() || only.split('|').any(|name| name == w.name);
+    for workload in workloads(scale).into_iter().filter(selected) {
         if workload.wide_values {
             bench_workload::<u64>(c, &gpu, &workload, &results);
         } else {

@@ -1,8 +1,12 @@
-// One pass of a stable least-significant-digit radix partition: a histogram
-// of digits per tile, a scan of the histograms (digit-major, so each
-// (digit, tile) pair gets its output offset), then a scatter that ranks the
-// tile's items by digit in input order and writes them through shared
-// memory, so that consecutive threads write consecutive positions.
+// Stable least-significant-digit radix passes with decoupled look-back
+// (Merrill and Garland's single-pass scan, as in "onesweep" radix sorting).
+// One kernel counts the digits of up to two passes over the whole relation,
+// so every pass knows where each digit starts in the output. Each scatter
+// tile then ranks its items by digit in input order, publishes its per-digit
+// counts, and learns how many items of each digit the earlier tiles hold by
+// looking back over their published counts: no histogram and no scan of
+// per-tile counts in any pass. Items are written through shared memory, so
+// that consecutive threads write consecutive positions.
 //
 // Radix partitioning by partition id (two 8-bit passes for up to 15
 // partition bits plus the unmatchable partition) and radix sorting by key
@@ -11,6 +15,14 @@
 #define TILE_ITEMS 16
 #define TILE (BLOCK * TILE_ITEMS)
 #define MAX_DIGITS 256
+// Passes whose digits one read of the keys counts.
+#define COUNTED_PASSES 2
+
+// A tile's published count of one digit: the flag in the high half, the
+// count in the low half. AGGREGATE counts the tile's own items; PREFIX
+// counts the items of this and every earlier tile. Zero: not published yet.
+#define STATUS_AGGREGATE 1ull
+#define STATUS_PREFIX 2ull
 
 // A column moved along with the keys: `width` bytes per row.
 struct ColumnMove {
@@ -19,33 +31,63 @@ struct ColumnMove {
     u64 width;
 };
 
+// Adds the digit counts of passes (shift0, mask0) and, when `passes` is 2,
+// (shift1, mask1) over the tiles blockIdx.x, blockIdx.x + gridDim.x, ... to
+// counts[pass * MAX_DIGITS + digit].
 template <typename K>
-__device__ void radix_histogram(const K* keys, u64 n, u32 partition_bits, u32 shift, u32 digit_mask,
-                                u32 tiles, u32* tile_counts) {
+__device__ void radix_digit_counts(const K* keys, u64 n, u32 partition_bits, u32 shift0, u32 mask0, u32 shift1,
+                                   u32 mask1, u32 passes, u32* counts) {
     // Warp-private counters keep same-digit atomics of different warps apart.
-    __shared__ u32 counts[WARPS][MAX_DIGITS];
-    for (u32 d = threadIdx.x; d < WARPS * MAX_DIGITS; d += BLOCK) (&counts[0][0])[d] = 0;
+    __shared__ u32 warp_counts[COUNTED_PASSES][WARPS][MAX_DIGITS];
+    for (u32 x = threadIdx.x; x < COUNTED_PASSES * WARPS * MAX_DIGITS; x += BLOCK) (&warp_counts[0][0][0])[x] = 0;
     __syncthreads();
-    const u64 base = (u64)blockIdx.x * TILE;
-    u32* warp_counts = counts[threadIdx.x >> 5];
-    // All loads first, so that they are in flight together.
-    K tile_keys[TILE_ITEMS];
+    const u32 warp = threadIdx.x >> 5;
+    const u64 tiles = (n + TILE - 1) / TILE;
+    for (u64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const u64 base = tile * TILE;
+        // All loads first, so that they are in flight together.
+        K tile_keys[TILE_ITEMS];
 #pragma unroll
-    for (u32 i = 0; i < TILE_ITEMS; i++) {
-        const u64 index = base + (u64)i * BLOCK + threadIdx.x;
-        if (index < n) tile_keys[i] = keys[index];
-    }
+        for (u32 i = 0; i < TILE_ITEMS; i++) {
+            const u64 index = base + (u64)i * BLOCK + threadIdx.x;
+            if (index < n) tile_keys[i] = keys[index];
+        }
 #pragma unroll
-    for (u32 i = 0; i < TILE_ITEMS; i++) {
-        const u64 index = base + (u64)i * BLOCK + threadIdx.x;
-        if (index < n) atomicAdd(&warp_counts[digit_of<K>(tile_keys[i], partition_bits, shift, digit_mask)], 1u);
+        for (u32 i = 0; i < TILE_ITEMS; i++) {
+            const u64 index = base + (u64)i * BLOCK + threadIdx.x;
+            if (index >= n) continue;
+            atomicAdd(&warp_counts[0][warp][digit_of<K>(tile_keys[i], partition_bits, shift0, mask0)], 1u);
+            if (passes > 1) atomicAdd(&warp_counts[1][warp][digit_of<K>(tile_keys[i], partition_bits, shift1, mask1)], 1u);
+        }
     }
     __syncthreads();
-    for (u32 d = threadIdx.x; d <= digit_mask; d += BLOCK) {
+    for (u32 x = threadIdx.x; x < passes * MAX_DIGITS; x += BLOCK) {
+        const u32 pass = x / MAX_DIGITS, digit = x % MAX_DIGITS;
         u32 total = 0;
 #pragma unroll
-        for (u32 w = 0; w < WARPS; w++) total += counts[w][d];
-        tile_counts[(u64)d * tiles + blockIdx.x] = total;
+        for (u32 w = 0; w < WARPS; w++) total += warp_counts[pass][w][digit];
+        if (total > 0) atomicAdd(&counts[x], total);
+    }
+}
+
+__device__ __forceinline__ void publish_status(u64* status, u64 flag, u32 count) {
+    *(volatile u64*)status = (flag << 32) | count;
+}
+
+// Items of `digit` in the tiles before `tile`: walks back over the earlier
+// tiles' published counts until one has published its inclusive prefix.
+// Tiles are numbered in the order blocks start, so every earlier tile
+// belongs to a block that is already running: the walk only ever waits on
+// work in progress.
+__device__ u32 look_back(const u64* statuses, u32 tile, u32 digit) {
+    u32 before = 0;
+    for (u32 earlier = tile - 1;; earlier--) {
+        u64 status;
+        do {
+            status = *(volatile const u64*)(statuses + (u64)earlier * MAX_DIGITS + digit);
+        } while ((status >> 32) == 0);
+        before += (u32)status;
+        if ((status >> 32) == STATUS_PREFIX) return before;
     }
 }
 
@@ -133,8 +175,9 @@ __device__ __forceinline__ void move_row_ids(u32* __restrict__ to, u64 base, u32
 
 template <typename K>
 __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partition_bits, u32 shift,
-                              u32 digit_mask, u32 tiles, const u32* tile_offsets,
+                              u32 digit_mask, const u32* digit_counts, u32* next_tile, u64* statuses,
                               const ColumnMove* columns, u32 column_count, u32* generated_row_ids) {
+    static_assert(BLOCK == MAX_DIGITS, "one thread per digit publishes and looks back");
     // The warp counters are only needed until every item has its slot, the
     // exchange only after that: they share memory.
     __shared__ u64 words[TILE];
@@ -143,13 +186,17 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
     __shared__ u32 digit_start[MAX_DIGITS];
     __shared__ u32 digit_base[MAX_DIGITS];
     __shared__ u32 scratch[WARPS];
+    __shared__ u32 taken_tile;
     u32(*warp_counts)[MAX_DIGITS] = (u32(*)[MAX_DIGITS])words;
 
     const u32 tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
-    const u64 base = (u64)blockIdx.x * TILE;
-    const u32 tile_rows = (u32)min((u64)TILE, n - base);
-
+    // Tiles go to blocks in the order they start (see look_back).
+    if (tid == 0) taken_tile = atomicAdd(next_tile, 1u);
     for (u32 x = tid; x < WARPS * MAX_DIGITS; x += BLOCK) (&warp_counts[0][0])[x] = 0;
+    __syncthreads();
+    const u32 tile_index = taken_tile;
+    const u64 base = (u64)tile_index * TILE;
+    const u32 tile_rows = (u32)min((u64)TILE, n - base);
 
     // Each warp ranks its own run of WARP_ITEMS consecutive items, 32 at a
     // time, against warp-private digit counters: items are ordered by
@@ -189,30 +236,30 @@ __device__ void radix_scatter(const K* keys_in, K* keys_out, u64 n, u32 partitio
     }
     __syncthreads();
 
-    // Per digit: where each warp's items start among the tile's items of
-    // that digit, and how many there are in all.
-    for (u32 d = tid; d < MAX_DIGITS; d += BLOCK) {
-        u32 running = 0;
-        for (u32 w = 0; w < WARPS; w++) {
-            const u32 count = warp_counts[w][d];
-            warp_counts[w][d] = running;
-            running += count;
-        }
-        digit_start[d] = running;
-    }
-    __syncthreads();
-    // Where each digit's run starts in the tile and in the output.
+    // Thread d handles digit d: where each warp's items of d start among
+    // the tile's, where d's run starts in the tile, and in the output.
     {
         const u32 d = tid;
-        u32 total;
-        const u32 count = d < MAX_DIGITS ? digit_start[d] : 0u;
-        __syncthreads();
-        const u32 start = block_exclusive_scan<u32>(count, &total, scratch);
-        if (d < MAX_DIGITS) {
-            digit_start[d] = start;
-            // Wrapping arithmetic: digit_base + slot is the output position.
-            digit_base[d] = (d <= digit_mask ? tile_offsets[(u64)d * tiles + blockIdx.x] : 0u) - start;
+        u32 count = 0;
+        for (u32 w = 0; w < WARPS; w++) {
+            const u32 warp_count = warp_counts[w][d];
+            warp_counts[w][d] = count;
+            count += warp_count;
         }
+        // Published first, so that later tiles wait as little as possible.
+        u64* status = statuses + (u64)tile_index * MAX_DIGITS + d;
+        if (d <= digit_mask) publish_status(status, tile_index == 0 ? STATUS_PREFIX : STATUS_AGGREGATE, count);
+        u32 total;
+        const u32 start = block_exclusive_scan<u32>(count, &total, scratch);
+        const u32 digit_offset = block_exclusive_scan<u32>(d <= digit_mask ? digit_counts[d] : 0u, &total, scratch);
+        u32 earlier = 0;
+        if (d <= digit_mask && tile_index > 0) {
+            earlier = look_back(statuses, tile_index, d);
+            publish_status(status, STATUS_PREFIX, earlier + count);
+        }
+        digit_start[d] = start;
+        // Wrapping arithmetic: digit_base + slot is the output position.
+        digit_base[d] = digit_offset + earlier - start;
     }
     __syncthreads();
 #pragma unroll
@@ -285,15 +332,17 @@ __device__ void sorted_offsets(const K* keys, u64 n, u32* offsets) {
 }
 
 #define RADIX_KERNELS(K)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(BLOCK) radix_histogram_##K(                                 \
-        const K* keys, u64 n, u32 partition_bits, u32 shift, u32 digit_mask, u32 tiles, u32* tile_counts) {  \
-        radix_histogram<K>(keys, n, partition_bits, shift, digit_mask, tiles, tile_counts);                  \
+    extern "C" __global__ void __launch_bounds__(BLOCK) radix_digit_counts_##K(                              \
+        const K* keys, u64 n, u32 partition_bits, u32 shift0, u32 mask0, u32 shift1, u32 mask1, u32 passes,  \
+        u32* counts) {                                                                                       \
+        radix_digit_counts<K>(keys, n, partition_bits, shift0, mask0, shift1, mask1, passes, counts);        \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(BLOCK, 4) radix_scatter_##K(                                   \
-        const K* keys_in, K* keys_out, u64 n, u32 partition_bits, u32 shift, u32 digit_mask, u32 tiles,      \
-        const u32* tile_offsets, const ColumnMove* columns, u32 column_count, u32* generated_row_ids) {      \
-        radix_scatter<K>(keys_in, keys_out, n, partition_bits, shift, digit_mask, tiles, tile_offsets,       \
-                         columns, column_count, generated_row_ids);                                          \
+        const K* keys_in, K* keys_out, u64 n, u32 partition_bits, u32 shift, u32 digit_mask,                 \
+        const u32* digit_counts, u32* next_tile, u64* statuses, const ColumnMove* columns, u32 column_count, \
+        u32* generated_row_ids) {                                                                            \
+        radix_scatter<K>(keys_in, keys_out, n, partition_bits, shift, digit_mask, digit_counts, next_tile,   \
+                         statuses, columns, column_count, generated_row_ids);                                \
     }                                                                                                        \
     extern "C" __global__ void partition_offsets_##K(const K* keys, u64 n, u32 partition_bits, u32* offsets) { \
         partition_offsets<K>(keys, n, partition_bits, offsets);                                              \

@@ -5,6 +5,8 @@
 //! gather and scatter moves whole bytes, and are packed back into Arrow
 //! bitmaps on the device before they are downloaded.
 
+use std::sync::Arc;
+
 use arrow::array::{Array, ArrayData, ArrayRef, make_array};
 use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
 use arrow::datatypes::DataType;
@@ -17,15 +19,18 @@ use super::memory::DeviceBuffer;
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
 const GATHER_ITEMS: u64 = 4;
 
-#[derive(Debug)]
+/// A column in device memory. Its buffers are never written after the
+/// column is made, so columns share them: a gather by a sequence returns
+/// its source without copying.
+#[derive(Debug, Clone)]
 pub struct CudaColumn {
     pub(crate) data_type: DataType,
     pub(crate) len: usize,
     /// Bytes per value on the device.
     pub(crate) width: usize,
-    pub(crate) values: DeviceBuffer<u8>,
+    pub(crate) values: Arc<DeviceBuffer<u8>>,
     /// One byte per row, 1 for valid; `None` when no value is null.
-    pub(crate) validity: Option<DeviceBuffer<u8>>,
+    pub(crate) validity: Option<Arc<DeviceBuffer<u8>>>,
 }
 
 /// Bytes per value on the device, for the types the device holds.
@@ -79,7 +84,7 @@ impl CudaBackend {
             }
             None => None,
         };
-        Ok(CudaColumn { data_type, len, width, values, validity })
+        Ok(CudaColumn { data_type, len, width, values: Arc::new(values), validity: validity.map(Arc::new) })
     }
 
     pub(crate) fn download_array(&self, column: &CudaColumn) -> Result<ArrayRef> {
@@ -110,6 +115,10 @@ impl CudaBackend {
         may_hold_nulls: bool,
     ) -> Result<CudaColumn> {
         let rows = positions.len();
+        if positions.is_sequence() && rows == column.len {
+            // Every row once, in order: the column is its own gather.
+            return Ok(column.clone());
+        }
         let what = "a gathered column";
         let values = DeviceBuffer::<u8>::alloc(&self.instance, rows * column.width, what)?;
         let kernel = match column.width {
@@ -132,6 +141,12 @@ impl CudaBackend {
         } else {
             None
         };
-        Ok(CudaColumn { data_type: column.data_type.clone(), len: rows, width: column.width, values, validity })
+        Ok(CudaColumn {
+            data_type: column.data_type.clone(),
+            len: rows,
+            width: column.width,
+            values: Arc::new(values),
+            validity: validity.map(Arc::new),
+        })
     }
 }

@@ -143,6 +143,12 @@ impl CudaBackend {
             // Every match is where the scan puts it: positions 0..total.
             direct_build.truncate(total);
             direct_probe.truncate(total);
+            // Only direct units wrote matches, at most one per probe row, at
+            // that row's position; as many matches as probe rows means every
+            // probe row matched once, in order.
+            if total == probe.rows && probe_space == Space::Transformed {
+                direct_probe.mark_sequence();
+            }
             return Ok(Candidates { build: direct_build, probe: direct_probe });
         }
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;

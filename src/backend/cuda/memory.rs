@@ -37,6 +37,8 @@ pub struct DeviceBuffer<T> {
     len: usize,
     bytes: u64,
     instance: Instance,
+    /// Known to hold 0, 1, .., len - 1: gathers by it return their source.
+    sequence: bool,
     _element: PhantomData<T>,
 }
 
@@ -57,7 +59,7 @@ impl<T: Copy> DeviceBuffer<T> {
         match unsafe { result::malloc_async(instance.stream.cu_stream(), bytes as usize) } {
             Ok(pointer) => {
                 instance.counters.record_alloc(bytes);
-                Ok(Self { pointer, len, bytes, instance: instance.clone(), _element: PhantomData })
+                Ok(Self { pointer, len, bytes, instance: instance.clone(), sequence: false, _element: PhantomData })
             }
             Err(e) => {
                 instance.device.budget.release(bytes);
@@ -68,12 +70,18 @@ impl<T: Copy> DeviceBuffer<T> {
 
     /// `len` elements whose bytes are all `byte`.
     pub(crate) fn filled(instance: &Instance, len: usize, byte: u8, what: &str) -> Result<Self> {
-        let buffer = Self::alloc(instance, len, what)?;
-        bind(instance, what)?;
-        // SAFETY: writes within the allocation, on its stream.
-        unsafe { result::memset_d8_async(buffer.pointer, byte, buffer.bytes as usize, instance.stream.cu_stream()) }
-            .map_err(|e| cuda_error(&format!("clearing {what}"), e))?;
+        let mut buffer = Self::alloc(instance, len, what)?;
+        buffer.fill(byte, what)?;
         Ok(buffer)
+    }
+
+    /// Sets every byte to `byte`, in stream order.
+    pub(crate) fn fill(&mut self, byte: u8, what: &str) -> Result<()> {
+        self.sequence = false;
+        bind(&self.instance, what)?;
+        // SAFETY: writes within the allocation, on its stream.
+        unsafe { result::memset_d8_async(self.pointer, byte, self.bytes as usize, self.instance.stream.cu_stream()) }
+            .map_err(|e| cuda_error(&format!("clearing {what}"), e))
     }
 
     pub(crate) fn upload(instance: &Instance, host: &[T], what: &str) -> Result<Self> {
@@ -125,7 +133,7 @@ impl<T: Copy> DeviceBuffer<T> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never dropped; its fields move into the result.
         let instance = unsafe { std::ptr::read(&this.instance) };
-        DeviceBuffer { pointer: this.pointer, len, bytes: this.bytes, instance, _element: PhantomData }
+        DeviceBuffer { pointer: this.pointer, len, bytes: this.bytes, instance, sequence: false, _element: PhantomData }
     }
 
     pub fn pointer(&self) -> u64 {
@@ -140,6 +148,16 @@ impl<T: Copy> DeviceBuffer<T> {
         self.len == 0
     }
 
+    /// Records that the buffer holds 0, 1, .., len - 1, as its writer knows.
+    pub(crate) fn mark_sequence(&mut self) {
+        self.sequence = true;
+    }
+
+    /// Whether the buffer is known to hold 0, 1, .., len - 1.
+    pub fn is_sequence(&self) -> bool {
+        self.sequence
+    }
+
     /// Keeps the first `len` elements (the allocation stays).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -151,6 +169,7 @@ impl<T: Copy> DeviceBuffer<T> {
             return Err(datafusion::common::internal_datafusion_err!("{what}: copy past the end of a buffer"));
         }
         let bytes = source.len * size_of::<T>();
+        self.sequence = false;
         bind(&self.instance, what)?;
         // SAFETY: both ranges lie within their allocations.
         unsafe {

@@ -233,9 +233,10 @@ impl JoinBackend for CudaBackend {
     }
 
     fn sequence(&self, len: usize) -> Result<DeviceBuffer<u32>> {
-        let out = DeviceBuffer::<u32>::alloc(&self.instance, len, "a sequence")?;
+        let mut out = DeviceBuffer::<u32>::alloc(&self.instance, len, "a sequence")?;
         let n = len as u64;
         self.launch("sequence", n, 0, &[out.pointer().into(), n.into()])?;
+        out.mark_sequence();
         Ok(out)
     }
 

@@ -1,6 +1,10 @@
 //! Transform phase on the GPU: stable radix partitioning and radix sorting,
 //! both as sequences of stable 8-bit radix passes over the keys, carrying
-//! payload columns and row ids along.
+//! payload columns and row ids along. The digits of every pass are counted
+//! up front; each pass is then one kernel whose tiles find their output
+//! offsets by decoupled look-back (see radix.cu).
+
+use std::sync::Arc;
 
 use datafusion::common::exec_err;
 use datafusion::error::Result;
@@ -13,6 +17,13 @@ use crate::keys::NormalizedKey;
 
 /// Items per tile of the radix kernels (BLOCK x TILE_ITEMS in radix.cu).
 const TILE: usize = 256 * 16;
+/// Digits of one radix pass (8 bits).
+const MAX_DIGITS: usize = 256;
+/// Passes whose digits one read of the keys counts (COUNTED_PASSES in radix.cu).
+const COUNTED_PASSES: usize = 2;
+/// Blocks of the digit count kernel: enough to fill the device, few enough
+/// that their global atomics stay cheap.
+const COUNT_BLOCKS: usize = 1024;
 /// The radix scatter kernels, whose shared memory bounds their occupancy.
 pub(super) const SCATTER_KERNELS: [&str; 2] = ["radix_scatter_u32", "radix_scatter_u64"];
 /// Tells the radix kernels to take digits of the key rather than of its
@@ -79,25 +90,19 @@ impl CudaBackend {
         }
         let what = "a radix transform";
         let tiles = n.div_ceil(TILE).max(1);
+        let passes = digits.passes(K::BITS);
+        let digit_counts = self.count_digits(keys, digits, &passes)?;
+        // The tiles' published digit counts, then the next tile to take.
+        let mut statuses = DeviceBuffer::<u64>::alloc(&self.instance, tiles * MAX_DIGITS + 1, what)?;
         let mut current_keys: Option<DeviceBuffer<K>> = None;
         let mut moving: Vec<Moving> = vec![];
         let mut row_ids: Option<DeviceBuffer<u32>> = None;
-        for (pass, (shift, digit_bits)) in digits.passes(K::BITS).into_iter().enumerate() {
+        for (pass, &(shift, digit_bits)) in passes.iter().enumerate() {
             let keys_in = current_keys.as_ref().unwrap_or(keys);
             let digit_mask = (1u32 << digit_bits) - 1;
-            let tile_counts = DeviceBuffer::<u32>::alloc(&self.instance, tiles * (digit_mask as usize + 1), what)?;
-            // What both kernels of a pass are told about it, in their order.
-            let pass_args = [
-                Arg::from(n as u64),
-                digits.partition_bits().into(),
-                shift.into(),
-                digit_mask.into(),
-                (tiles as u32).into(),
-            ];
-            let args = [&[Arg::from(keys_in.pointer())][..], &pass_args, &[tile_counts.pointer().into()]].concat();
-            self.launch_blocks(&self.kernel_name::<K>("radix_histogram"), tiles as u64, 0, n as u64, &args)?;
-            self.exclusive_scan(&tile_counts)?;
-
+            statuses.fill(0, what)?;
+            let next_tile = statuses.pointer() + (tiles * MAX_DIGITS * size_of::<u64>()) as u64;
+            let pass_counts = digit_counts.pointer() + (pass * MAX_DIGITS * size_of::<u32>()) as u64;
             let keys_out = DeviceBuffer::<K>::alloc(&self.instance, n, what)?;
             // The first pass reads the caller's columns; later ones the last outputs.
             let sources: Vec<(u64, usize)> = if pass == 0 {
@@ -119,16 +124,19 @@ impl CudaBackend {
             };
             let descriptor_buffer = DeviceBuffer::upload(&self.instance, &descriptors, what)?;
             let args = [
-                &[Arg::from(keys_in.pointer()), keys_out.pointer().into()][..],
-                &pass_args,
-                &[
-                    tile_counts.pointer().into(),
-                    descriptor_buffer.pointer().into(),
-                    (outputs.len() as u32).into(),
-                    generated.as_ref().map_or(0, |g| g.pointer()).into(),
-                ],
-            ]
-            .concat();
+                Arg::from(keys_in.pointer()),
+                keys_out.pointer().into(),
+                (n as u64).into(),
+                digits.partition_bits().into(),
+                shift.into(),
+                digit_mask.into(),
+                pass_counts.into(),
+                next_tile.into(),
+                statuses.pointer().into(),
+                descriptor_buffer.pointer().into(),
+                (outputs.len() as u32).into(),
+                generated.as_ref().map_or(0, |g| g.pointer()).into(),
+            ];
             self.launch_blocks(&self.kernel_name::<K>("radix_scatter"), tiles as u64, 0, n as u64, &args)?;
             if row_id_source.is_some() {
                 let moved_ids = outputs.pop().map(|m| m.buffer);
@@ -144,6 +152,38 @@ impl CudaBackend {
             None => return exec_err!("radix transform without passes"),
         };
         Ok((keys, moving.into_iter().map(|m| m.buffer).collect(), row_ids))
+    }
+
+    /// Every pass's digit counts over the whole relation, `MAX_DIGITS` per
+    /// pass, counted [`COUNTED_PASSES`] passes per read of the keys.
+    fn count_digits<K: NormalizedKey>(
+        &self,
+        keys: &DeviceBuffer<K>,
+        digits: Digits,
+        passes: &[(u32, u32)],
+    ) -> Result<DeviceBuffer<u32>> {
+        let counts = DeviceBuffer::<u32>::filled(&self.instance, passes.len() * MAX_DIGITS, 0, "radix digit counts")?;
+        let n = keys.len();
+        let blocks = n.div_ceil(TILE).clamp(1, COUNT_BLOCKS);
+        let mask = |bits: u32| (1u32 << bits) - 1;
+        for (first, counted) in passes.chunks(COUNTED_PASSES).enumerate() {
+            let (shift0, bits0) = counted[0];
+            let (shift1, bits1) = counted.get(1).copied().unwrap_or((0, 0));
+            let offset = (first * COUNTED_PASSES * MAX_DIGITS * size_of::<u32>()) as u64;
+            let args = [
+                Arg::from(keys.pointer()),
+                (n as u64).into(),
+                digits.partition_bits().into(),
+                shift0.into(),
+                mask(bits0).into(),
+                shift1.into(),
+                mask(bits1).into(),
+                (counted.len() as u32).into(),
+                (counts.pointer() + offset).into(),
+            ];
+            self.launch_blocks(&self.kernel_name::<K>("radix_digit_counts"), blocks as u64, 0, n as u64, &args)?;
+        }
+        Ok(counts)
     }
 
     /// Partitions or sorts `keys` with payload columns and returns the
@@ -177,8 +217,8 @@ impl CudaBackend {
                 data_type: payload.data_type.clone(),
                 len: payload.len,
                 width: payload.width,
-                values,
-                validity,
+                values: Arc::new(values),
+                validity: validity.map(Arc::new),
             });
         }
         let (layout, offsets) = match digits {
