@@ -154,7 +154,7 @@ impl<T: Copy> DeviceBuffer<T> {
     }
 
     /// Whether the buffer is known to hold 0, 1, .., len - 1.
-    pub fn is_sequence(&self) -> bool {
+    pub(crate) fn is_sequence(&self) -> bool {
         self.sequence
     }
 

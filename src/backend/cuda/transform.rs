@@ -47,13 +47,13 @@ impl Digits {
         }
     }
 
-    /// (shift, digit bits) of every pass, least significant first.
+    /// (shift, digit mask) of every pass, least significant first.
     fn passes(&self, key_bits: u32) -> Vec<(u32, u32)> {
         let total = match self {
             Digits::Partition(spec) => spec.bits + 1,
             Digits::Key => key_bits,
         };
-        (0..total).step_by(8).map(|shift| (shift, (total - shift).min(8))).collect()
+        (0..total).step_by(8).map(|shift| (shift, (1u32 << (total - shift).min(8)) - 1)).collect()
     }
 }
 
@@ -97,9 +97,8 @@ impl CudaBackend {
         let mut current_keys: Option<DeviceBuffer<K>> = None;
         let mut moving: Vec<Moving> = vec![];
         let mut row_ids: Option<DeviceBuffer<u32>> = None;
-        for (pass, &(shift, digit_bits)) in passes.iter().enumerate() {
+        for (pass, &(shift, digit_mask)) in passes.iter().enumerate() {
             let keys_in = current_keys.as_ref().unwrap_or(keys);
-            let digit_mask = (1u32 << digit_bits) - 1;
             statuses.fill(0, what)?;
             let next_tile = statuses.pointer() + (tiles * MAX_DIGITS * size_of::<u64>()) as u64;
             let pass_counts = digit_counts.pointer() + (pass * MAX_DIGITS * size_of::<u32>()) as u64;
@@ -165,19 +164,18 @@ impl CudaBackend {
         let counts = DeviceBuffer::<u32>::filled(&self.instance, passes.len() * MAX_DIGITS, 0, "radix digit counts")?;
         let n = keys.len();
         let blocks = n.div_ceil(TILE).clamp(1, COUNT_BLOCKS);
-        let mask = |bits: u32| (1u32 << bits) - 1;
         for (first, counted) in passes.chunks(COUNTED_PASSES).enumerate() {
-            let (shift0, bits0) = counted[0];
-            let (shift1, bits1) = counted.get(1).copied().unwrap_or((0, 0));
+            let (shift0, mask0) = counted[0];
+            let (shift1, mask1) = counted.get(1).copied().unwrap_or((0, 0));
             let offset = (first * COUNTED_PASSES * MAX_DIGITS * size_of::<u32>()) as u64;
             let args = [
                 Arg::from(keys.pointer()),
                 (n as u64).into(),
                 digits.partition_bits().into(),
                 shift0.into(),
-                mask(bits0).into(),
+                mask0.into(),
                 shift1.into(),
-                mask(bits1).into(),
+                mask1.into(),
                 (counted.len() as u32).into(),
                 (counts.pointer() + offset).into(),
             ];
@@ -249,5 +247,22 @@ impl CudaBackend {
             layout,
             rows: keys.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_cover_every_digit_bit_eight_at_a_time() {
+        let partition = |bits| Digits::Partition(PartitionSpec { bits });
+        // 15 partition bits plus the unmatchable partition: 16 bits.
+        assert_eq!(partition(15).passes(32), vec![(0, 0xFF), (8, 0xFF)]);
+        // 3 bits plus the unmatchable partition: one pass of 4 bits.
+        assert_eq!(partition(3).passes(32), vec![(0, 0xF)]);
+        assert_eq!(partition(8).passes(64), vec![(0, 0xFF), (8, 0x1)]);
+        assert_eq!(Digits::Key.passes(32), vec![(0, 0xFF), (8, 0xFF), (16, 0xFF), (24, 0xFF)]);
+        assert_eq!(Digits::Key.passes(64).len(), 8);
     }
 }
