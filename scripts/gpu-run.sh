@@ -8,6 +8,8 @@
 #   primitives-large  primitive differential tests up to 2^27 rows
 #   memcheck          compute-sanitizer memcheck on the primitives and the fuzz test
 #   bench             the kernel benchmark (GFTR paper workload)
+#   operator          the operator benchmark: GPU session against DataFusion
+#   stress            16 concurrent queries for GPU_JOIN_STRESS_SECONDS (default 180)
 #   tpch              TPC-H SF 1 against the official answers and DataFusion
 # Each step writes LOG_DIR/STEP.log; LOG_DIR/summary.txt lists exit codes.
 # STEP_TIMEOUT (seconds, default 3600) bounds each step.
@@ -40,7 +42,7 @@ step() {
 }
 
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1
-steps=${*:-tests primitives-large memcheck bench tpch}
+steps=${*:-tests primitives-large memcheck bench operator stress tpch}
 for name in $steps; do
     case $name in
     tests) step tests ./bin/integration --test-threads 2 ;;
@@ -48,6 +50,9 @@ for name in $steps; do
     memcheck) step memcheck env GPU_JOIN_FUZZ_CASES=150 "$sanitizer" --tool memcheck --error-exitcode 1 \
         ./bin/integration --test-threads 1 primitives fuzz ;;
     bench) step bench ./bin/kernels --bench ;;
+    operator) step operator ./bin/operator --bench ;;
+    stress) step stress env GPU_JOIN_STRESS_SECONDS="${GPU_JOIN_STRESS_SECONDS:-180}" \
+        ./bin/integration --nocapture reliability::concurrent ;;
     tpch) step tpch ./bin/tpch --sf 1 --validate --compare ;;
     *) echo "unknown step $name" | tee -a "$logs/summary.txt"; status=1 ;;
     esac

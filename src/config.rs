@@ -204,10 +204,20 @@ extensions_options! {
         pub device: usize, default = 0
         /// Device memory budget: auto, a size such as 40G, or a percentage such as 75%.
         pub memory_limit: MemoryLimit, default = MemoryLimit::Auto
+        /// Run partitioned joins with one build side shared by every probe
+        /// partition, without DataFusion's hash repartitioning, where nothing
+        /// above relies on the join's partitioning.
+        pub collect_build_side: bool, default = true
         /// Probe rows gathered into one chunk before it is joined.
-        pub probe_chunk_rows: usize, default = 1 << 24
+        pub probe_chunk_rows: usize, default = 1 << 22
         /// When matches keep the probe side's row order: auto, always or required.
         pub keep_probe_order: ProbeOrderChoice, default = ProbeOrderChoice::Auto
+        /// GPU jobs (loading or joining a probe chunk, preparing a build side)
+        /// that run on the device at once, over every partition and query.
+        pub concurrent_tasks: usize, default = 16
+        /// Testing only: the first N device allocations of each join
+        /// partition fail as if the device were full.
+        pub inject_allocation_failures: usize, default = 0
         /// Which placement decisions are logged: none, not_on_gpu or all.
         pub explain: ExplainChoice, default = ExplainChoice::NotOnGpu
     }

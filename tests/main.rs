@@ -9,5 +9,6 @@ mod fuzz;
 mod kernels;
 mod plans;
 mod primitives;
+mod reliability;
 mod sqllogic;
 mod tpch;

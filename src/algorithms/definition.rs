@@ -100,6 +100,12 @@ impl JoinDefinition {
         )
     }
 
+    /// Whether each probe chunk's output depends only on the chunk and the
+    /// build side, so that chunks may be joined anywhere, in any pieces.
+    pub(crate) fn probe_chunks_join_independently(&self) -> bool {
+        !self.tracks_visited_build_rows() && !self.null_aware
+    }
+
     /// Whether the filter reads columns of the given side.
     pub(crate) fn filter_reads(&self, side: JoinSide) -> bool {
         self.filter.as_ref().is_some_and(|f| f.column_indices().iter().any(|c| c.side == side))

@@ -21,5 +21,7 @@ mod side;
 mod strategy;
 
 pub use definition::{JoinDefinition, OutputColumn};
-pub use pipeline::{BuildSide, PhaseTimers, finish_build_side, join_probe_chunk, prepare_build_side};
+pub use pipeline::{
+    BuildSide, LoadedChunk, PhaseTimers, finish_build_side, join_probe_chunk, load_probe_chunk, prepare_build_side,
+};
 pub use strategy::{Algorithm, Strategy};

@@ -16,7 +16,7 @@ use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
 use super::{JoinDefinition, Strategy};
-use crate::backend::{JoinBackend, Space, Transformed};
+use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
 
 /// Where the time of a join goes, phase by phase.
@@ -66,6 +66,11 @@ pub struct BuildSide<B: JoinBackend> {
 impl<B: JoinBackend> BuildSide<B> {
     pub fn rows(&self) -> usize {
         self.batch.num_rows()
+    }
+
+    /// The build side's rows on the host.
+    pub fn batch(&self) -> &RecordBatch {
+        &self.batch
     }
 
     fn view(&self) -> SideView<'_, B> {
@@ -155,80 +160,140 @@ pub fn prepare_build_side<B: JoinBackend>(
     })
 }
 
-/// Joins one probe chunk with the build side and returns its output rows
-/// (the probe side's part of the result; build-side rows come at the end).
-pub fn join_probe_chunk<B: JoinBackend>(
+/// The normalised keys of a probe chunk in backend memory.
+enum KeyedVector<B: JoinBackend> {
+    U32(B::Vector<u32>),
+    U64(B::Vector<u64>),
+}
+
+/// A probe chunk moved to the backend: keys encoded as the build side's and
+/// uploaded, needed columns placed. Loading one chunk overlaps the join of
+/// the one before, on another backend instance (another stream).
+pub struct LoadedChunk<B: JoinBackend> {
+    batch: RecordBatch,
+    key_arrays: Vec<ArrayRef>,
+    keys: Option<KeyedVector<B>>,
+    space: Space,
+    keep_probe_order: bool,
+    with_row_ids: bool,
+    placements: Vec<Option<ColumnPlacement<B::Column>>>,
+    to_transform: Vec<B::Column>,
+}
+
+impl<B: JoinBackend> LoadedChunk<B> {
+    pub fn rows(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    /// The chunk as it came from the probe input.
+    pub fn batch(&self) -> &RecordBatch {
+        &self.batch
+    }
+}
+
+/// Encodes a probe chunk's keys as the build side's and moves the chunk to
+/// the backend. Waits for the uploads, so that another instance may use it.
+pub fn load_probe_chunk<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     build: &BuildSide<B>,
     batch: RecordBatch,
     timers: &PhaseTimers,
-) -> Result<RecordBatch> {
-    let timer = timers.transform.timer();
-    let keys = evaluate_keys(&definition.probe_keys, &batch)?;
+) -> Result<LoadedChunk<B>> {
+    let _timer = timers.transform.timer();
+    let key_arrays = evaluate_keys(&definition.probe_keys, &batch)?;
+    // Probe order is kept by matching in original probe rows, then
+    // ordering the pairs by them.
+    let keep_probe_order = definition.keeps_probe_order(batch.num_rows());
+    let space = if keep_probe_order { Space::Original } else { build.strategy.probe_space };
+    let mut chunk = LoadedChunk {
+        batch,
+        key_arrays,
+        keys: None,
+        space,
+        keep_probe_order,
+        with_row_ids: false,
+        placements: vec![],
+        to_transform: vec![],
+    };
     if definition.null_aware {
         let state = &build.null_aware;
-        if batch.num_rows() > 0 {
+        if chunk.rows() > 0 {
             state.probe_non_empty.store(true, Ordering::Relaxed);
         }
-        if keys[0].logical_null_count() > 0 {
+        if chunk.key_arrays[0].logical_null_count() > 0 {
             state.probe_has_null_key.store(true, Ordering::Relaxed);
         }
         if state.probe_has_null_key.load(Ordering::Relaxed) {
             // Nothing will be emitted, whatever else the probe side holds.
-            return Ok(RecordBatch::new_empty(definition.output_schema.clone()));
+            return Ok(chunk);
         }
     }
-    let normalized = build.encoder.encode(&keys)?;
-    timer.done();
-    match (&build.relation, normalized) {
-        (KeyedRelation::U32(relation), NormalizedKeys::U32(k)) => {
-            join_keyed_chunk(backend, definition, build, relation, batch, &keys, &k, timers)
-        }
-        (KeyedRelation::U64(relation), NormalizedKeys::U64(k)) => {
-            join_keyed_chunk(backend, definition, build, relation, batch, &keys, &k, timers)
-        }
-        _ => internal_err!("probe keys were encoded in another width than the build keys"),
-    }
+    chunk.keys = Some(match (&build.relation, build.encoder.encode(&chunk.key_arrays)?) {
+        (KeyedRelation::U32(_), NormalizedKeys::U32(k)) => KeyedVector::U32(backend.upload(&k)?),
+        (KeyedRelation::U64(_), NormalizedKeys::U64(k)) => KeyedVector::U64(backend.upload(&k)?),
+        _ => return internal_err!("probe keys were encoded in another width than the build keys"),
+    });
+    let PlacedColumns { placements, to_transform } =
+        place_columns(backend, &chunk.batch, &definition.probe_output_columns(), space)?;
+    chunk.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
+    (chunk.placements, chunk.to_transform) = (placements, to_transform);
+    backend.finish()?;
+    Ok(chunk)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Joins a loaded probe chunk with the build side and returns its output
+/// rows (the probe side's part of the result; build-side rows come at the
+/// end). Waits for its work before returning, so that the chunk's memory
+/// may be freed on the instance that loaded it.
+pub fn join_probe_chunk<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    build: &BuildSide<B>,
+    chunk: LoadedChunk<B>,
+    timers: &PhaseTimers,
+) -> Result<RecordBatch> {
+    let output = match (&build.relation, &chunk.keys) {
+        (_, None) => Ok(RecordBatch::new_empty(definition.output_schema.clone())),
+        (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
+            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers)
+        }
+        (KeyedRelation::U64(relation), Some(KeyedVector::U64(keys))) => {
+            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers)
+        }
+        _ => internal_err!("probe keys were loaded in another width than the build keys"),
+    };
+    backend.finish()?;
+    output
+}
+
 fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     definition: &JoinDefinition,
     build: &BuildSide<B>,
     build_relation: &Transformed<B, K>,
-    batch: RecordBatch,
-    key_arrays: &[ArrayRef],
-    keys: &[K],
+    chunk: &LoadedChunk<B>,
+    keys: &B::Vector<K>,
     timers: &PhaseTimers,
 ) -> Result<RecordBatch> {
     let timer = timers.transform.timer();
-    // Probe order is kept by matching in original probe rows, then
-    // ordering the pairs by them.
-    let keep_probe_order = definition.keeps_probe_order(batch.num_rows());
-    let space = if keep_probe_order { Space::Original } else { build.strategy.probe_space };
-    let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &batch, &definition.probe_output_columns(), space)?;
-    let with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
-    let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let probe_relation =
-        transform_probe(backend, build_relation.layout, &backend.upload(keys)?, &payloads, with_row_ids)?;
+    let payloads: Vec<&B::Column> = chunk.to_transform.iter().collect();
+    let probe_relation = transform_probe(backend, build_relation.layout, keys, &payloads, chunk.with_row_ids)?;
     drop(payloads);
-    drop(to_transform);
     timer.done();
 
     let timer = timers.matching.timer();
     let build_view = build.view();
     let probe_view = SideView {
-        batch: &batch,
-        keys: key_arrays,
-        space,
+        batch: &chunk.batch,
+        keys: &chunk.key_arrays,
+        space: chunk.space,
         row_ids: probe_relation.row_ids.as_ref(),
-        placements: &placements,
+        placements: &chunk.placements,
         payloads: &probe_relation.payloads,
     };
-    let candidates = find_matches(backend, build_relation, &probe_relation, (build.strategy.build_space, space))?;
+    let candidates = find_matches(backend, build_relation, &probe_relation, (build.strategy.build_space, chunk.space))?;
+    check_candidates(backend.len(&candidates.probe) as u64)?;
     let matches =
         residual::apply(backend, definition, build.encoder.exactness(), &build_view, &probe_view, candidates)?;
     let rows = resolve_probe_chunk(
@@ -237,7 +302,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         matches,
         probe_relation.rows,
         build.visited.as_ref(),
-        keep_probe_order,
+        chunk.keep_probe_order,
     )?;
     timer.done();
 

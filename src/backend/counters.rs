@@ -1,14 +1,20 @@
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-/// What one join moved to and from the device and how much device memory it
-/// held at most. Backends update these; the operator reports them in
-/// `EXPLAIN ANALYZE`.
+use datafusion::common::{exec_datafusion_err, resources_datafusion_err};
+use datafusion::error::Result;
+
+/// What one partition of a join shares with the backend instances serving
+/// it: what they moved to and from the device and the most device memory
+/// they held (reported in `EXPLAIN ANALYZE`), whether the partition's
+/// consumer has gone, and allocation failures injected for testing.
 #[derive(Debug, Default)]
 pub struct DeviceCounters {
     bytes_to_device: AtomicU64,
     bytes_from_device: AtomicU64,
     in_use: AtomicU64,
     peak: AtomicU64,
+    cancelled: AtomicBool,
+    injected_failures: AtomicUsize,
 }
 
 impl DeviceCounters {
@@ -39,5 +45,35 @@ impl DeviceCounters {
 
     pub fn peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Stops the partition's work at the next launch: its consumer has gone.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// An error once the partition is cancelled; backends check it before
+    /// each launch, so that a dropped query stops between launches.
+    pub fn check_cancelled(&self, what: &str) -> Result<()> {
+        match self.cancelled.load(Ordering::Relaxed) {
+            true => Err(exec_datafusion_err!("GPU join cancelled before {what}: the query's consumer has gone")),
+            false => Ok(()),
+        }
+    }
+
+    /// Makes the next `count` allocations fail (`gpu_join.inject_allocation_failures`).
+    pub fn inject_allocation_failures(&self, count: usize) {
+        self.injected_failures.store(count, Ordering::Relaxed);
+    }
+
+    /// An out-of-memory error while injected failures remain.
+    pub fn check_injected_failure(&self, bytes: u64, what: &str) -> Result<()> {
+        let take = self.injected_failures.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        match take {
+            Ok(_) => Err(resources_datafusion_err!(
+                "GPU join: {what} could not get {bytes} bytes of device memory (injected failure)"
+            )),
+            Err(_) => Ok(()),
+        }
     }
 }

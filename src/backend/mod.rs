@@ -10,6 +10,7 @@
 //! The CPU backend is the reference: the CUDA backend must produce the same
 //! transformed relations and the same set of matches for every input.
 
+mod admission;
 mod counters;
 pub mod cpu;
 pub mod cuda;
@@ -24,6 +25,7 @@ use arrow::array::{ArrayRef, UInt32Array};
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
+pub use admission::Admission;
 pub use counters::DeviceCounters;
 
 use crate::keys::NormalizedKey;
@@ -41,6 +43,15 @@ impl BackendHandle {
         match self {
             BackendHandle::Cpu => "cpu",
             BackendHandle::Cuda(_) => "cuda",
+        }
+    }
+
+    /// Device memory the GPU join holds now, over every join of the
+    /// process (none on the CPU backend).
+    pub fn device_memory_in_use(&self) -> u64 {
+        match self {
+            BackendHandle::Cpu => 0,
+            BackendHandle::Cuda(device) => device.budget.used(),
         }
     }
 
@@ -76,6 +87,23 @@ pub fn positions_to_indices(positions: &[u32]) -> UInt32Array {
 /// The most rows one relation or probe chunk may have: positions are `u32`
 /// and [`NULL_POSITION`] is reserved.
 pub const MAX_RELATION_ROWS: usize = (u32::MAX - 1) as usize;
+
+/// The most candidate pairs one match call produces. A probe chunk with more
+/// fails with a resource error, and the operator joins it in smaller
+/// pieces: so a join's output may exceed any fixed size (2^31 rows and
+/// more) while each piece's positions and output stay bounded.
+pub const MAX_CANDIDATES: usize = 1 << 28;
+
+/// A resource error when `total` candidate pairs are more than one match
+/// call may produce.
+pub fn check_candidates(total: u64) -> Result<usize> {
+    match usize::try_from(total) {
+        Ok(total) if total <= MAX_CANDIDATES => Ok(total),
+        _ => Err(datafusion::common::resources_datafusion_err!(
+            "GPU join: a probe chunk has {total} matching pairs, more than the {MAX_CANDIDATES} joined at once"
+        )),
+    }
+}
 
 /// Which positions a primitive reads or writes for one side of a join.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +208,9 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
 
     /// An instance serving one partition of one join, counting into `counters`.
     fn open(device: &Self::Device, counters: Arc<DeviceCounters>) -> Result<Self>;
+
+    /// Who may run GPU jobs on the device now: one admission per device.
+    fn admission(device: &Self::Device) -> &Admission;
 
     /// `cpu` or `cuda`, for EXPLAIN and errors.
     fn name(&self) -> &'static str;

@@ -7,8 +7,10 @@
 //! statistics), so those promises are exactly DataFusion's.
 
 mod display;
+mod fallback;
 mod metrics;
 mod runner;
+mod staging;
 mod stream;
 
 use std::sync::Arc;
@@ -74,8 +76,12 @@ impl GpuJoinExec {
         }
         let twin = Arc::new(join.builder().reset_state().build()?);
         let definition = Arc::new(Self::definition(&twin, options)?);
-        let runner =
-            runner_for(&backend, Arc::clone(&definition), twin.right().output_partitioning().partition_count());
+        let runner = runner_for(
+            &backend,
+            Arc::clone(&definition),
+            Arc::clone(&twin),
+            twin.right().output_partitioning().partition_count(),
+        );
         Ok(Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new() })
     }
 
@@ -110,8 +116,12 @@ impl GpuJoinExec {
                 && twin.right().output_ordering().is_some(),
             ..self.definition.as_ref().clone()
         });
-        let runner =
-            runner_for(&self.backend, Arc::clone(&definition), twin.right().output_partitioning().partition_count());
+        let runner = runner_for(
+            &self.backend,
+            Arc::clone(&definition),
+            Arc::clone(&twin),
+            twin.right().output_partitioning().partition_count(),
+        );
         Self {
             twin,
             definition,

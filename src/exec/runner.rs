@@ -7,24 +7,26 @@
 //! running, so that the last one emits the build-side rows.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use arrow::compute::concat_batches;
+use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::physical_plan::joins::PartitionMode;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::TryStreamExt;
 use tokio::sync::OnceCell;
 
 use super::metrics::GpuJoinMetrics;
-use super::stream::{run_blocking, run_partition};
+use super::staging::concat_in_parallel;
+use super::stream::{is_out_of_memory, run_blocking, run_partition};
 use crate::algorithms::{BuildSide, JoinDefinition, prepare_build_side};
 use crate::backend::cuda::CudaBackend;
-use crate::backend::{BackendHandle, JoinBackend, cpu::CpuBackend};
+use crate::backend::{Admission, BackendHandle, JoinBackend, cpu::CpuBackend};
+use crate::config::GpuJoinConfig;
 
 /// What one output partition needs to run.
 pub(crate) struct PartitionInputs {
@@ -45,12 +47,13 @@ pub(crate) trait JoinRunner: Send + Sync + fmt::Debug {
 pub(crate) fn runner_for(
     backend: &BackendHandle,
     definition: Arc<JoinDefinition>,
+    twin: Arc<HashJoinExec>,
     probe_partitions: usize,
 ) -> Arc<dyn JoinRunner> {
     match backend {
-        BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new((), definition, probe_partitions)),
+        BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new((), definition, twin, probe_partitions)),
         BackendHandle::Cuda(device) => {
-            Arc::new(Runner::<CudaBackend>::new(Arc::clone(device), definition, probe_partitions))
+            Arc::new(Runner::<CudaBackend>::new(Arc::clone(device), definition, twin, probe_partitions))
         }
     }
 }
@@ -63,10 +66,20 @@ pub(crate) struct PreparedBuild<B: JoinBackend> {
 
 type SharedBuild<B> = std::result::Result<Arc<PreparedBuild<B>>, Arc<DataFusionError>>;
 
+/// Where a partition finds its build side once it is prepared. Partitions
+/// hold it while they run, so that the build side's memory is freed when
+/// the last of them ends, finished or cancelled.
+pub(crate) type BuildCell<B> = Arc<OnceCell<SharedBuild<B>>>;
+
 pub(crate) struct Runner<B: JoinBackend> {
     device: B::Device,
     pub definition: Arc<JoinDefinition>,
-    collected_build: OnceCell<SharedBuild<B>>,
+    /// DataFusion's join, for chunks the device cannot take.
+    pub twin: Arc<HashJoinExec>,
+    /// The build side shared in `CollectLeft` mode; replaced by an empty
+    /// cell once every probe partition has finished.
+    collected_build: Mutex<BuildCell<B>>,
+    probe_partitions: usize,
     probes_running: AtomicUsize,
 }
 
@@ -77,11 +90,18 @@ impl<B: JoinBackend> fmt::Debug for Runner<B> {
 }
 
 impl<B: JoinBackend> Runner<B> {
-    fn new(device: B::Device, definition: Arc<JoinDefinition>, probe_partitions: usize) -> Self {
+    fn new(
+        device: B::Device,
+        definition: Arc<JoinDefinition>,
+        twin: Arc<HashJoinExec>,
+        probe_partitions: usize,
+    ) -> Self {
         Self {
             device,
             definition,
-            collected_build: OnceCell::new(),
+            twin,
+            collected_build: Mutex::default(),
+            probe_partitions,
             probes_running: AtomicUsize::new(probe_partitions),
         }
     }
@@ -90,24 +110,47 @@ impl<B: JoinBackend> Runner<B> {
         B::open(&self.device, counters)
     }
 
-    /// The build side of a partition: collected once and shared in
-    /// `CollectLeft` mode, or this partition's own in `Partitioned` mode.
-    pub async fn build_side(&self, backend: &B, inputs: &PartitionInputs) -> Result<Arc<PreparedBuild<B>>> {
-        match inputs.mode {
+    pub fn admission(&self) -> &Admission {
+        B::admission(&self.device)
+    }
+
+    /// Where a partition's build side will be: the one shared by every
+    /// partition in `CollectLeft` mode, the partition's own otherwise.
+    pub fn build_cell(&self, mode: PartitionMode) -> Result<BuildCell<B>> {
+        match mode {
             PartitionMode::CollectLeft => self
                 .collected_build
-                .get_or_init(|| async { self.collect_build(backend, inputs, 0).await.map_err(Arc::new) })
-                .await
-                .clone()
-                .map_err(DataFusionError::Shared),
-            _ => self.collect_build(backend, inputs, inputs.partition).await,
+                .lock()
+                .map(|cell| Arc::clone(&cell))
+                .map_err(|_| DataFusionError::Internal("GPU join build side lock poisoned".into())),
+            _ => Ok(BuildCell::default()),
         }
+    }
+
+    /// The build side in `cell`, collected and prepared by the first
+    /// partition that asks.
+    pub async fn build_side(
+        &self,
+        cell: &BuildCell<B>,
+        backend: &B,
+        inputs: &PartitionInputs,
+        options: &GpuJoinConfig,
+    ) -> Result<Arc<PreparedBuild<B>>> {
+        let partition = match inputs.mode {
+            PartitionMode::CollectLeft => 0,
+            _ => inputs.partition,
+        };
+        cell.get_or_init(|| async { self.collect_build(backend, inputs, options, partition).await.map_err(Arc::new) })
+            .await
+            .clone()
+            .map_err(DataFusionError::Shared)
     }
 
     async fn collect_build(
         &self,
         backend: &B,
         inputs: &PartitionInputs,
+        options: &GpuJoinConfig,
         partition: usize,
     ) -> Result<Arc<PreparedBuild<B>>> {
         let timer = inputs.metrics.build_collect_time.timer();
@@ -121,27 +164,51 @@ impl<B: JoinBackend> Runner<B> {
             })
             .try_collect()
             .await?;
-        let batch = concat_batches(&inputs.left.schema(), &batches)?;
-        drop(batches);
+        let rows = batches.iter().map(RecordBatch::num_rows).sum();
+        let (schema, collected) = (inputs.left.schema(), batches);
+        let batch =
+            run_blocking("collecting the build side", move || concat_in_parallel(&schema, &collected, rows)).await?;
         inputs.metrics.build_rows.add(batch.num_rows());
         timer.done();
 
-        let (backend, definition, timers) =
-            (backend.clone(), Arc::clone(&self.definition), inputs.metrics.phases.clone());
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-        let side =
-            run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, batch, &timers))
-                .await?;
+        let admission = self.admission();
+        let permit = admission.shared(options.concurrent_tasks).await?;
+        let side = match self.prepare(backend, inputs, batch.clone()).await {
+            Err(e) if is_out_of_memory(&e) => {
+                drop(permit);
+                log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
+                let _permit = admission.exclusive().await?;
+                self.prepare(backend, inputs, batch).await
+            }
+            prepared => prepared,
+        }?;
         Ok(Arc::new(PreparedBuild { side, _reservation: reservation }))
     }
 
+    async fn prepare(&self, backend: &B, inputs: &PartitionInputs, batch: RecordBatch) -> Result<BuildSide<B>> {
+        let (backend, definition, timers) =
+            (backend.clone(), Arc::clone(&self.definition), inputs.metrics.phases.clone());
+        run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, batch, &timers))
+            .await
+    }
+
     /// Records that a probe partition has seen all its input; true for the
-    /// partition that must emit the build-side rows.
+    /// partition that must emit the build-side rows. The last one also
+    /// takes the shared build side from the runner, so that it is freed
+    /// when the partitions still holding it end.
     pub fn finish_probe(&self, mode: PartitionMode) -> bool {
-        match mode {
-            PartitionMode::CollectLeft => self.probes_running.fetch_sub(1, Ordering::AcqRel) == 1,
-            _ => true,
+        if mode != PartitionMode::CollectLeft {
+            return true;
         }
+        let last = self.probes_running.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last {
+            if let Ok(mut cell) = self.collected_build.lock() {
+                *cell = BuildCell::default();
+            }
+            self.probes_running.store(self.probe_partitions, Ordering::Release);
+        }
+        last
     }
 }
 

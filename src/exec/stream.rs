@@ -1,22 +1,35 @@
-//! One output partition of a GPU join: probe batches are staged into large
-//! chunks, each chunk is joined off the async runtime, and the output leaves
-//! in batches of the session's `batch_size`.
+//! One output partition of a GPU join, as a two-stage pipeline.
+//!
+//! The loader stages probe batches into large chunks on the host, encodes
+//! their keys and uploads them on one backend instance (one CUDA stream);
+//! the joiner joins each loaded chunk on another instance and hands the
+//! output on in batches of the session's `batch_size`. So the upload of
+//! chunk k + 1, the kernels and download of chunk k and the hand-off of
+//! chunk k - 1's batches overlap, and across partitions the device sees
+//! uploads, kernels and downloads of different chunks at once. Every
+//! backend call runs on tokio's blocking pool, under the device's bounded
+//! admission.
 
 use std::sync::Arc;
 
-use arrow::compute::concat_batches;
-use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::exec_datafusion_err;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_plan::metrics::RecordOutput;
 use futures::StreamExt;
-use tokio::sync::mpsc::Sender;
+use tokio::sync::mpsc::{Receiver, Sender, channel};
 
-use super::runner::{PartitionInputs, Runner};
-use crate::algorithms::{finish_build_side, join_probe_chunk};
+use super::fallback::join_chunk_on_cpu;
+use super::runner::{BuildCell, PartitionInputs, PreparedBuild, Runner};
+use super::staging::ProbeStaging;
+use crate::algorithms::{LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
+
+/// Below this many rows a chunk that runs out of device memory is not
+/// split further but handed to DataFusion's operator.
+const SMALLEST_RETRY_ROWS: usize = 1 << 12;
 
 /// Runs blocking join work on tokio's blocking pool, so that no backend
 /// call holds up an async worker. A panic there becomes an error.
@@ -27,117 +40,270 @@ pub(crate) async fn run_blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work).await.map_err(|e| exec_datafusion_err!("GPU join failed while {what}: {e}"))?
 }
 
+/// Whether an error says that device memory ran out.
+pub(crate) fn is_out_of_memory(error: &DataFusionError) -> bool {
+    matches!(error.find_root(), DataFusionError::ResourcesExhausted(_))
+}
+
+/// Stops the partition's backend work when the partition's task is
+/// dropped (the query was cancelled): the next launch fails.
+struct CancelOnDrop(Arc<DeviceCounters>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
 pub(crate) async fn run_partition<B: JoinBackend>(
     runner: Arc<Runner<B>>,
     inputs: PartitionInputs,
     tx: Sender<Result<RecordBatch>>,
 ) -> Result<()> {
-    let counters = Arc::new(DeviceCounters::default());
-    let result = join_partition(&runner, &inputs, &tx, &counters).await;
+    let options = GpuJoinConfig::from_config(inputs.context.session_config().options());
+    // Injected failures hit probe chunks only: the build side is shared, and
+    // a failure there ends the join for every partition.
+    let (counters, build_counters) = (Arc::new(DeviceCounters::default()), Arc::new(DeviceCounters::default()));
+    counters.inject_allocation_failures(options.inject_allocation_failures);
+    let _cancel = (CancelOnDrop(Arc::clone(&counters)), CancelOnDrop(Arc::clone(&build_counters)));
+    let result = match runner.open_backend(Arc::clone(&build_counters)) {
+        Ok(build_backend) => {
+            let partition = Partition {
+                runner: &runner,
+                cell: runner.build_cell(inputs.mode)?,
+                build_backend,
+                inputs: &inputs,
+                options: &options,
+                counters: &counters,
+            };
+            join_partition(&partition, &tx).await
+        }
+        Err(e) => Err(e),
+    };
     inputs.metrics.record_device(&counters);
+    inputs.metrics.record_device(&build_counters);
     inputs.metrics.baseline.done();
     result
 }
 
-async fn join_partition<B: JoinBackend>(
-    runner: &Arc<Runner<B>>,
-    inputs: &PartitionInputs,
-    tx: &Sender<Result<RecordBatch>>,
-    counters: &Arc<DeviceCounters>,
-) -> Result<()> {
-    let backend = runner.open_backend(Arc::clone(counters))?;
-    let build = runner.build_side(&backend, inputs).await?;
-    let options = GpuJoinConfig::from_config(inputs.context.session_config().options());
-    let mut staging = ProbeStaging::new(inputs.right.schema(), options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS));
-    let mut output = OutputSender::new(tx, inputs.context.session_config().batch_size(), inputs.fetch, inputs);
-    let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
+/// What every stage of one output partition works with.
+struct Partition<'a, B: JoinBackend> {
+    runner: &'a Arc<Runner<B>>,
+    cell: BuildCell<B>,
+    /// The instance that prepares the build side, if this partition is the
+    /// first to ask for it.
+    build_backend: B,
+    inputs: &'a PartitionInputs,
+    options: &'a GpuJoinConfig,
+    /// Counters of the probe-chunk instances.
+    counters: &'a Arc<DeviceCounters>,
+}
 
-    while let Some(batch) = probe.next().await {
-        let batch = batch?;
-        inputs.metrics.probe_rows.add(batch.num_rows());
-        for chunk in staging.push(batch)? {
-            if !output.send(join_chunk(runner, &backend, &build, chunk, inputs).await?).await {
-                return Ok(());
-            }
-        }
+impl<B: JoinBackend> Partition<'_, B> {
+    async fn build(&self) -> Result<Arc<PreparedBuild<B>>> {
+        self.runner.build_side(&self.cell, &self.build_backend, self.inputs, self.options).await
     }
-    if let Some(chunk) = staging.finish()?
-        && !output.send(join_chunk(runner, &backend, &build, chunk, inputs).await?).await
-    {
+
+    fn open_backend(&self) -> Result<B> {
+        self.runner.open_backend(Arc::clone(self.counters))
+    }
+}
+
+/// A probe chunk on its way from the loader to the joiner.
+enum Chunk<B: JoinBackend> {
+    Loaded(LoadedChunk<B>),
+    /// Loading ran out of device memory; the joiner retries it.
+    NotLoaded(RecordBatch, DataFusionError),
+}
+
+async fn join_partition<B: JoinBackend>(partition: &Partition<'_, B>, tx: &Sender<Result<RecordBatch>>) -> Result<()> {
+    let (runner, inputs) = (partition.runner, partition.inputs);
+    let (chunk_tx, chunk_rx) = channel(1);
+    let (loaded, joined) = futures::join!(load_chunks(partition, chunk_tx), join_chunks(partition, chunk_rx, tx));
+    // The joiner's error explains the loader's (a closed channel), not the
+    // other way round.
+    let finished = joined?;
+    loaded?;
+    if !finished {
         return Ok(());
     }
-    drop(probe);
-
-    if runner.definition.tracks_visited_build_rows() && runner.finish_probe(inputs.mode) {
-        let (backend, definition, timers) =
-            (backend.clone(), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
-        let build = Arc::clone(&build);
+    let last = runner.finish_probe(inputs.mode);
+    if runner.definition.tracks_visited_build_rows() && last {
+        let build = partition.build().await?;
+        let backend = partition.open_backend()?;
+        let (definition, timers) = (Arc::clone(&runner.definition), inputs.metrics.phases.clone());
+        let _permit = runner.admission().shared(partition.options.concurrent_tasks).await?;
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let rows = run_blocking("emitting build-side rows", move || {
             finish_build_side(&backend, &definition, &build.side, &timers)
         })
         .await?;
         if let Some(rows) = rows {
-            output.send(rows).await;
+            OutputSender::new(tx, inputs).send(rows).await;
         }
     }
     Ok(())
 }
 
-async fn join_chunk<B: JoinBackend>(
-    runner: &Arc<Runner<B>>,
-    backend: &B,
-    build: &Arc<super::runner::PreparedBuild<B>>,
-    chunk: RecordBatch,
-    inputs: &PartitionInputs,
-) -> Result<RecordBatch> {
+/// Stages, encodes and uploads probe chunks, one ahead of the joiner.
+async fn load_chunks<B: JoinBackend>(partition: &Partition<'_, B>, chunk_tx: Sender<Chunk<B>>) -> Result<()> {
+    let inputs = partition.inputs;
+    let backend = partition.open_backend()?;
+    let reservation =
+        MemoryConsumer::new(format!("GpuJoinProbe[{}]", inputs.partition)).register(inputs.context.memory_pool());
+    let chunk_rows = partition.options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS);
+    let mut staging = ProbeStaging::new(inputs.right.schema(), chunk_rows);
+    let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
+    let mut input_done = false;
+    while !input_done {
+        let chunks = match probe.next().await {
+            Some(batch) => {
+                let batch = batch?;
+                inputs.metrics.probe_rows.add(batch.num_rows());
+                reservation.try_grow(batch.get_array_memory_size())?;
+                staging.push(batch)?
+            }
+            None => {
+                input_done = true;
+                staging.finish()?.into_iter().collect()
+            }
+        };
+        for chunk in chunks {
+            let loaded = load_chunk(partition, &backend, chunk).await?;
+            reservation.resize(0);
+            if chunk_tx.send(loaded).await.is_err() {
+                // The joiner has stopped: fetch reached, cancelled, or failed.
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn load_chunk<B: JoinBackend>(partition: &Partition<'_, B>, backend: &B, chunk: RecordBatch) -> Result<Chunk<B>> {
+    let build = partition.build().await?;
+    let _permit = partition.runner.admission().shared(partition.options.concurrent_tasks).await?;
+    let inputs = partition.inputs;
+    let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let (backend, definition, timers) =
-        (backend.clone(), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
+        (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
+    let kept = chunk.clone();
+    match run_blocking("loading a probe chunk", move || {
+        load_probe_chunk(&backend, &definition, &build.side, chunk, &timers)
+    })
+    .await
+    {
+        Ok(loaded) => Ok(Chunk::Loaded(loaded)),
+        Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(kept, e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Joins loaded chunks and sends their output while the next one joins.
+/// False when no more output is wanted.
+async fn join_chunks<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    mut chunk_rx: Receiver<Chunk<B>>,
+    tx: &Sender<Result<RecordBatch>>,
+) -> Result<bool> {
+    let backend = partition.open_backend()?;
+    let mut output = OutputSender::new(tx, partition.inputs);
+    let mut previous: Vec<RecordBatch> = vec![];
+    while let Some(chunk) = chunk_rx.recv().await {
+        let build = partition.build().await?;
+        let joined = join_chunk(partition, &backend, &build, chunk);
+        let (joined, sent) = futures::join!(joined, output.send_all(std::mem::take(&mut previous)));
+        if !sent {
+            return Ok(false);
+        }
+        previous = joined?;
+    }
+    Ok(output.send_all(previous).await)
+}
+
+/// The output of one chunk: joined on the device, retried alone and then in
+/// halves when device memory runs out, and as a last resort joined by
+/// DataFusion's operator.
+async fn join_chunk<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    build: &Arc<PreparedBuild<B>>,
+    chunk: Chunk<B>,
+) -> Result<Vec<RecordBatch>> {
+    let runner = partition.runner;
+    let (batch, error) = match chunk {
+        Chunk::Loaded(loaded) => {
+            let batch = loaded.batch().clone();
+            let permit = runner.admission().shared(partition.options.concurrent_tasks).await?;
+            match join_loaded(partition, backend, build, loaded).await {
+                Ok(output) => return Ok(vec![output]),
+                Err(e) if is_out_of_memory(&e) => {
+                    drop(permit);
+                    (batch, e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Chunk::NotLoaded(batch, error) => (batch, error),
+    };
+    log::info!("gpu_join: retrying a probe chunk of {} rows alone on the device: {error}", batch.num_rows());
+    let mut output = vec![];
+    let mut pending = vec![batch];
+    while let Some(piece) = pending.pop() {
+        let permit = runner.admission().exclusive().await?;
+        let error = match join_exclusively(partition, backend, build, piece.clone()).await {
+            Ok(batch) => {
+                output.push(batch);
+                continue;
+            }
+            Err(e) if is_out_of_memory(&e) => e,
+            Err(e) => return Err(e),
+        };
+        drop(permit);
+        let rows = piece.num_rows();
+        if rows <= SMALLEST_RETRY_ROWS {
+            let context = Arc::clone(&partition.inputs.context);
+            let host_build = build.side.batch();
+            output
+                .extend(join_chunk_on_cpu(&runner.twin, &runner.definition, host_build, piece, context, error).await?);
+        } else {
+            // Halves in probe order: the later half is joined last.
+            pending.push(piece.slice(rows / 2, rows - rows / 2));
+            pending.push(piece.slice(0, rows / 2));
+        }
+    }
+    Ok(output)
+}
+
+async fn join_exclusively<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    build: &Arc<PreparedBuild<B>>,
+    piece: RecordBatch,
+) -> Result<RecordBatch> {
+    let (loader, definition, timers) =
+        (backend.clone(), Arc::clone(&partition.runner.definition), partition.inputs.metrics.phases.clone());
+    let side = Arc::clone(build);
+    let loaded = run_blocking("loading a probe chunk", move || {
+        load_probe_chunk(&loader, &definition, &side.side, piece, &timers)
+    })
+    .await?;
+    join_loaded(partition, backend, build, loaded).await
+}
+
+async fn join_loaded<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    build: &Arc<PreparedBuild<B>>,
+    loaded: LoadedChunk<B>,
+) -> Result<RecordBatch> {
+    let inputs = partition.inputs;
+    let (backend, definition, timers) =
+        (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build.side, chunk, &timers))
+    run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build.side, loaded, &timers))
         .await
-}
-
-/// Gathers probe batches into chunks of exactly `chunk_rows` rows (the last
-/// one may be smaller).
-struct ProbeStaging {
-    schema: SchemaRef,
-    chunk_rows: usize,
-    batches: Vec<RecordBatch>,
-    rows: usize,
-}
-
-impl ProbeStaging {
-    fn new(schema: SchemaRef, chunk_rows: usize) -> Self {
-        Self { schema, chunk_rows, batches: vec![], rows: 0 }
-    }
-
-    fn push(&mut self, mut batch: RecordBatch) -> Result<Vec<RecordBatch>> {
-        let mut chunks = vec![];
-        while self.rows + batch.num_rows() >= self.chunk_rows {
-            let take = self.chunk_rows - self.rows;
-            self.batches.push(batch.slice(0, take));
-            batch = batch.slice(take, batch.num_rows() - take);
-            self.rows = self.chunk_rows;
-            chunks.extend(self.finish()?);
-        }
-        if batch.num_rows() > 0 {
-            self.rows += batch.num_rows();
-            self.batches.push(batch);
-        }
-        Ok(chunks)
-    }
-
-    fn finish(&mut self) -> Result<Option<RecordBatch>> {
-        if self.rows == 0 {
-            return Ok(None);
-        }
-        let chunk = concat_batches(&self.schema, &self.batches)?;
-        self.batches.clear();
-        self.rows = 0;
-        Ok(Some(chunk))
-    }
 }
 
 /// Sends output in `batch_size` slices and stops at the join's `fetch`.
@@ -149,13 +315,18 @@ struct OutputSender<'a> {
 }
 
 impl<'a> OutputSender<'a> {
-    fn new(
-        tx: &'a Sender<Result<RecordBatch>>,
-        batch_size: usize,
-        fetch: Option<usize>,
-        inputs: &'a PartitionInputs,
-    ) -> Self {
-        Self { tx, batch_size: batch_size.max(1), remaining: fetch, inputs }
+    fn new(tx: &'a Sender<Result<RecordBatch>>, inputs: &'a PartitionInputs) -> Self {
+        let batch_size = inputs.context.session_config().batch_size().max(1);
+        Self { tx, batch_size, remaining: inputs.fetch, inputs }
+    }
+
+    async fn send_all(&mut self, batches: Vec<RecordBatch>) -> bool {
+        for batch in batches {
+            if !self.send(batch).await {
+                return false;
+            }
+        }
+        self.remaining != Some(0)
     }
 
     /// False once no more output is wanted: the fetch is reached or the

@@ -27,7 +27,8 @@ use datafusion::error::Result;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
 use crate::backend::Element;
-use packed::PackedLayout;
+use packed::{PARALLEL_ROWS, PackedLayout};
+use rayon::prelude::*;
 
 /// A fixed-width key as the join primitives see it.
 pub trait NormalizedKey: Element + Eq + Ord + Hash {
@@ -153,26 +154,35 @@ impl KeyEncoder {
             Scheme::Packed(layout) => layout.encode(keys, rows, self.null_equality),
             Scheme::Hashed => {
                 let mut hashes = vec![0u64; rows];
-                create_hashes(keys, &HASH_STATE, &mut hashes)?;
-                for h in hashes.iter_mut() {
-                    // The reserved key must stay unreachable; the collision
-                    // this creates is resolved by verification.
-                    if *h == u64::UNMATCHABLE {
-                        *h = u64::UNMATCHABLE - 1;
-                    }
-                }
-                if self.null_equality == NullEquality::NullEqualsNothing {
-                    for key in keys {
-                        if let Some(nulls) = key.logical_nulls() {
-                            for row in nulls.iter().enumerate().filter(|(_, v)| !v).map(|(i, _)| i) {
-                                hashes[row] = u64::UNMATCHABLE;
-                            }
-                        }
-                    }
-                }
+                hashes.par_chunks_mut(PARALLEL_ROWS).enumerate().try_for_each(|(i, hashes)| {
+                    let piece: Vec<ArrayRef> = keys.iter().map(|k| k.slice(i * PARALLEL_ROWS, hashes.len())).collect();
+                    self.hash_piece(&piece, hashes)
+                })?;
                 Ok(NormalizedKeys::U64(hashes))
             }
         }
+    }
+
+    /// Hashed keys of one piece of rows.
+    fn hash_piece(&self, keys: &[ArrayRef], hashes: &mut [u64]) -> Result<()> {
+        create_hashes(keys, &HASH_STATE, hashes)?;
+        for h in hashes.iter_mut() {
+            // The reserved key must stay unreachable; the collision this
+            // creates is resolved by verification.
+            if *h == u64::UNMATCHABLE {
+                *h = u64::UNMATCHABLE - 1;
+            }
+        }
+        if self.null_equality == NullEquality::NullEqualsNothing {
+            for key in keys {
+                if let Some(nulls) = key.logical_nulls() {
+                    for row in nulls.iter().enumerate().filter(|(_, v)| !v).map(|(i, _)| i) {
+                        hashes[row] = u64::UNMATCHABLE;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 

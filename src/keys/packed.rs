@@ -10,6 +10,7 @@ use arrow::compute::{max, min};
 use arrow::datatypes::*;
 use datafusion::common::{NullEquality, internal_err};
 use datafusion::error::Result;
+use rayon::prelude::*;
 
 use super::NormalizedKeys;
 
@@ -153,12 +154,23 @@ macro_rules! with_integer_array {
     }};
 }
 
+/// Rows each parallel task of a range or encoding pass reads.
+pub(super) const PARALLEL_ROWS: usize = 1 << 18;
+
+/// The smallest and largest value of a column, computed in parallel pieces.
 fn value_range<T>(array: &PrimitiveArray<T>) -> Option<(i128, i128)>
 where
     T: ArrowPrimitiveType,
     T::Native: ToI128,
 {
-    Some((min(array)?.to_i128(), max(array)?.to_i128()))
+    let pieces: Vec<usize> = (0..array.len()).step_by(PARALLEL_ROWS).collect();
+    pieces
+        .into_par_iter()
+        .filter_map(|start| {
+            let piece = array.slice(start, PARALLEL_ROWS.min(array.len() - start));
+            Some((min(&piece)?.to_i128(), max(&piece)?.to_i128()))
+        })
+        .reduce_with(|(lo1, hi1), (lo2, hi2)| (lo1.min(lo2), hi1.max(hi2)))
 }
 
 /// Bits needed to store codes `0..count`.
@@ -204,30 +216,94 @@ impl PackedLayout {
         self.total_bits <= MAX_U32_BITS
     }
 
-    pub(super) fn encode(&self, keys: &[ArrayRef], rows: usize, null_equality: NullEquality) -> Result<NormalizedKeys> {
+    /// Packs the key columns of `rows` rows into `codes` (one per row);
+    /// rows that cannot match get `u64::MAX`.
+    pub(super) fn encode_into(&self, keys: &[ArrayRef], codes: &mut [u64], null_equality: NullEquality) -> Result<()> {
         debug_assert_eq!(null_equality == NullEquality::NullEqualsNull, self.columns.iter().all(|c| c.null_slot));
-        let mut codes = vec![0u64; rows];
+        if let ([column], [key]) = (self.columns.as_slice(), keys)
+            && key.null_count() == 0
+            && key.data_type() != &DataType::Boolean
+        {
+            return column.encode_single(key.as_ref(), codes);
+        }
+        codes.fill(0);
         for (column, key) in self.columns.iter().zip(keys) {
             if key.data_type() == &DataType::Boolean {
                 let typed = key.as_boolean();
-                column.append(&mut codes, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
+                column.append(codes, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
             } else {
                 with_integer_array!(
                     key.as_ref(),
-                    typed => column.append(&mut codes, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
+                    typed => column.append(codes, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
                     other => return internal_err!("packed key layout got a {} column", key.data_type())
                 );
             }
         }
-        Ok(if self.fits_u32() {
-            NormalizedKeys::U32(codes.into_iter().map(|c| if c == u64::MAX { u32::MAX } else { c as u32 }).collect())
+        Ok(())
+    }
+
+    /// Packed keys in the narrowest width, encoded in parallel pieces.
+    pub(super) fn encode(&self, keys: &[ArrayRef], rows: usize, null_equality: NullEquality) -> Result<NormalizedKeys> {
+        let encode_piece = |start: usize, codes: &mut [u64]| {
+            let piece: Vec<ArrayRef> = keys.iter().map(|k| k.slice(start, codes.len())).collect();
+            self.encode_into(&piece, codes, null_equality)
+        };
+        if self.fits_u32() {
+            let mut out = vec![0u32; rows];
+            out.par_chunks_mut(PARALLEL_ROWS).enumerate().try_for_each(|(i, out)| {
+                let mut codes = vec![0u64; out.len()];
+                encode_piece(i * PARALLEL_ROWS, &mut codes)?;
+                for (o, c) in out.iter_mut().zip(codes) {
+                    *o = if c == u64::MAX { u32::MAX } else { c as u32 };
+                }
+                Ok::<_, datafusion::error::DataFusionError>(())
+            })?;
+            Ok(NormalizedKeys::U32(out))
         } else {
-            NormalizedKeys::U64(codes)
-        })
+            let mut out = vec![0u64; rows];
+            out.par_chunks_mut(PARALLEL_ROWS)
+                .enumerate()
+                .try_for_each(|(i, codes)| encode_piece(i * PARALLEL_ROWS, codes))?;
+            Ok(NormalizedKeys::U64(out))
+        }
     }
 }
 
 impl PackedColumn {
+    /// The whole key is this one column and holds no NULL: `value - min`
+    /// in wrapping 64-bit arithmetic, where values outside the build range
+    /// land above the span (the span is below 2^63), in a loop the compiler
+    /// vectorises.
+    fn encode_single(&self, key: &dyn Array, codes: &mut [u64]) -> Result<()> {
+        let Some((lo, hi)) = self.range else {
+            codes.fill(u64::MAX);
+            return Ok(());
+        };
+        let (lo, span, shift) = (lo as i64, (hi - lo) as u64, u64::from(self.null_slot));
+        if matches!(key.data_type(), DataType::Decimal128(..)) {
+            return self.encode_wide(key, codes);
+        }
+        with_integer_array!(
+            key,
+            typed => {
+                for (code, value) in codes.iter_mut().zip(typed.values().iter()) {
+                    let offset = (value.to_i128() as i64).wrapping_sub(lo) as u64;
+                    *code = if offset <= span { offset + shift } else { u64::MAX };
+                }
+                Ok(())
+            },
+            other => internal_err!("packed key layout got a {} column", key.data_type())
+        )
+    }
+
+    /// `encode_single` for 128-bit values, through the general path.
+    fn encode_wide(&self, key: &dyn Array, codes: &mut [u64]) -> Result<()> {
+        codes.fill(0);
+        let typed = key.as_primitive::<Decimal128Type>();
+        self.append(codes, |row| typed.is_valid(row).then(|| typed.value(row)));
+        Ok(())
+    }
+
     /// Shifts this column's code into every row's key; rows that cannot
     /// match become `u64::MAX` and stay so.
     fn append(&self, codes: &mut [u64], value: impl Fn(usize) -> Option<i128>) {

@@ -11,6 +11,8 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use super::NotOnGpu;
+use super::shape::with_one_build_side;
+use super::walk::Relied;
 use crate::backend::{BackendHandle, cuda_backend};
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExec, ReplacedOperator};
@@ -33,17 +35,17 @@ impl<'a> RuleContext<'a> {
     }
 
     /// `None` for nodes that are not joins this rule handles.
-    pub fn assess(&mut self, node: &Arc<dyn ExecutionPlan>, ordering_needed: bool) -> Result<Option<Assessment>> {
+    pub fn assess(&mut self, node: &Arc<dyn ExecutionPlan>, relied: Relied) -> Result<Option<Assessment>> {
         if let Some(join) = node.downcast_ref::<HashJoinExec>() {
-            return self.assess_hash_join(join).map(Some);
+            return self.assess_hash_join(join, relied).map(Some);
         }
         if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
-            return self.assess_sort_merge_join(join, ordering_needed).map(Some);
+            return self.assess_sort_merge_join(join, relied).map(Some);
         }
         Ok(None)
     }
 
-    fn assess_hash_join(&mut self, join: &HashJoinExec) -> Result<Assessment> {
+    fn assess_hash_join(&mut self, join: &HashJoinExec, relied: Relied) -> Result<Assessment> {
         if *join.partition_mode() == PartitionMode::Auto {
             return Ok(Assessment::Keep(NotOnGpu::PartitionModeUndecided));
         }
@@ -54,14 +56,30 @@ impl<'a> RuleContext<'a> {
             Ok(backend) => backend,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
-        let exec = GpuJoinExec::try_new(join, backend, self.options, ReplacedOperator::HashJoin)?;
+        self.replace(join, relied, ReplacedOperator::HashJoin, backend)
+    }
+
+    /// The GPU join for `join`, with one build side where nothing above
+    /// relies on the join's partitioning.
+    fn replace(
+        &self,
+        join: &HashJoinExec,
+        relied: Relied,
+        replaces: ReplacedOperator,
+        backend: BackendHandle,
+    ) -> Result<Assessment> {
+        let reshaped = match self.options.collect_build_side && !relied.partitioning {
+            true => with_one_build_side(join)?,
+            false => None,
+        };
+        let exec = GpuJoinExec::try_new(reshaped.as_ref().unwrap_or(join), backend, self.options, replaces)?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
     /// A sort-merge join is replaced only when nothing above relies on its
     /// sorted output; the sorts below it then only fed the CPU merge and go.
-    fn assess_sort_merge_join(&mut self, join: &SortMergeJoinExec, ordering_needed: bool) -> Result<Assessment> {
-        if ordering_needed {
+    fn assess_sort_merge_join(&mut self, join: &SortMergeJoinExec, relied: Relied) -> Result<Assessment> {
+        if relied.ordering {
             return Ok(Assessment::Keep(NotOnGpu::OrderingRelied));
         }
         let (left, right) = (without_sort(join.left()), without_sort(join.right()));
@@ -80,8 +98,7 @@ impl<'a> RuleContext<'a> {
             join.null_equality(),
             false,
         )?;
-        let exec = GpuJoinExec::try_new(&twin, backend, self.options, ReplacedOperator::SortMergeJoin)?;
-        Ok(Assessment::Replace(Arc::new(exec)))
+        self.replace(&twin, relied, ReplacedOperator::SortMergeJoin, backend)
     }
 
     /// Checks shared by every join: enabled, a backend, key types, size.

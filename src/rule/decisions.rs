@@ -130,12 +130,12 @@ pub fn plan_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> 
     let options = GpuJoinConfig::from_config(config);
     let mut context = RuleContext::new(&options);
     let mut decisions = vec![];
-    walk::rewrite(Arc::clone(plan), &mut |node, ordering_needed| {
+    walk::rewrite(Arc::clone(plan), &mut |node, relied| {
         if let Some(join) = node.downcast_ref::<GpuJoinExec>() {
             decisions.push(JoinDecision::for_gpu_join(join));
             return Ok(None);
         }
-        match context.assess(node, ordering_needed)? {
+        match context.assess(node, relied)? {
             Some(Assessment::Keep(reason)) => decisions.push(JoinDecision::for_cpu_join(node, reason)),
             Some(Assessment::Replace(_)) => decisions.push(JoinDecision::for_cpu_join(node, NotOnGpu::RuleNotRun)),
             None => {}

@@ -6,6 +6,7 @@
 
 mod assess;
 mod decisions;
+mod shape;
 mod walk;
 
 use std::sync::Arc;
@@ -37,8 +38,8 @@ impl PhysicalOptimizerRule for GpuJoinRule {
         let options = GpuJoinConfig::from_config(config);
         let mut context = RuleContext::new(&options);
         let mut decisions = vec![];
-        let plan = walk::rewrite(plan, &mut |node, ordering_needed| {
-            let Some(assessment) = context.assess(node, ordering_needed)? else {
+        let plan = walk::rewrite(plan, &mut |node, relied| {
+            let Some(assessment) = context.assess(node, relied)? else {
                 return Ok(None);
             };
             Ok(match assessment {

@@ -8,8 +8,8 @@
 mod matching;
 mod transform;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::ArrayRef;
 use arrow::compute::take;
@@ -17,7 +17,7 @@ use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
 use super::{
-    Candidates, DeviceCounters, Element, JoinBackend, NULL_POSITION, PartitionSpec, Space, Transformed,
+    Admission, Candidates, DeviceCounters, Element, JoinBackend, NULL_POSITION, PartitionSpec, Space, Transformed,
     positions_to_indices,
 };
 use crate::keys::NormalizedKey;
@@ -45,6 +45,11 @@ impl JoinBackend for CpuBackend {
         Ok(Self { counters })
     }
 
+    fn admission(_device: &()) -> &Admission {
+        static ADMISSION: OnceLock<Admission> = OnceLock::new();
+        ADMISSION.get_or_init(Admission::default)
+    }
+
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -62,6 +67,8 @@ impl JoinBackend for CpuBackend {
     }
 
     fn upload<T: Element>(&self, host: &[T]) -> Result<Vec<T>> {
+        self.counters.check_cancelled("an upload")?;
+        self.counters.check_injected_failure(size_of_val(host) as u64, "an upload")?;
         Ok(host.to_vec())
     }
 

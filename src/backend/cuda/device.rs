@@ -11,6 +11,7 @@ use datafusion::common::{DataFusionError, resources_datafusion_err};
 use datafusion::error::Result;
 
 use super::kernels::Kernels;
+use crate::backend::Admission;
 use crate::config::MemoryLimit;
 
 /// How many bytes of device memory the GPU join may hold at once.
@@ -66,6 +67,7 @@ pub struct CudaDevice {
     /// Largest dynamic shared memory one block may use.
     pub(crate) max_shared_bytes: u32,
     pub(crate) staging: Mutex<Vec<super::memory::Staging>>,
+    pub(crate) admission: Admission,
 }
 
 impl CudaDevice {
@@ -138,6 +140,7 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             name,
             max_shared_bytes,
             staging: Mutex::default(),
+            admission: Admission::default(),
         })
     }));
     opened.map_err(|_| format!("CUDA device {ordinal} failed while loading the join kernels"))?

@@ -16,7 +16,7 @@ use datafusion::error::Result;
 
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
-use crate::backend::{Candidates, Layout, Space, Transformed};
+use crate::backend::{Candidates, Layout, Space, Transformed, check_candidates};
 use crate::keys::NormalizedKey;
 
 /// Probe rows one work unit streams through its table at most (a slice of a
@@ -136,9 +136,7 @@ impl CudaBackend {
             misplaced.pointer().into(),
         ];
         self.launch("hash_misplaced", unit_count as u64, 0, &args)?;
-        let total = unit_matches.download_at(unit_count, "the number of matches")?;
-        let total = usize::try_from(total)
-            .map_err(|_| datafusion::common::resources_datafusion_err!("{total} matches do not fit in memory"))?;
+        let total = check_candidates(unit_matches.download_at(unit_count, "the number of matches")?)?;
         if misplaced.download_at(0, "misplaced work units")? == 0 {
             // Every match is where the scan puts it: positions 0..total.
             direct_build.truncate(total);
@@ -194,9 +192,7 @@ impl CudaBackend {
             first.pointer().into(),
         ];
         self.launch(&self.kernel_name::<K>("merge_count"), u64::from(probe_rows), 0, &args)?;
-        let total = self.exclusive_scan(&counts)?.read()?;
-        let total = usize::try_from(total)
-            .map_err(|_| datafusion::common::resources_datafusion_err!("{total} matches do not fit in memory"))?;
+        let total = check_candidates(self.exclusive_scan(&counts)?.read()?)?;
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
         let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaEvent, CudaStream, result};
+use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
@@ -54,6 +55,7 @@ impl<T: Copy> DeviceBuffer<T> {
         // An empty buffer still gets a valid pointer.
         let bytes = (len.max(1) * size_of::<T>()) as u64;
         bind(instance, what)?;
+        instance.counters.check_injected_failure(bytes, what)?;
         instance.device.budget.reserve(bytes, what)?;
         // SAFETY: the stream belongs to the device's context.
         match unsafe { result::malloc_async(instance.stream.cu_stream(), bytes as usize) } {
@@ -63,7 +65,9 @@ impl<T: Copy> DeviceBuffer<T> {
             }
             Err(e) => {
                 instance.device.budget.release(bytes);
-                Err(cuda_error(&format!("allocating {bytes} bytes for {what}"), e))
+                // Out of device memory is a resource error like a spent
+                // budget: the operator retries smaller or falls back.
+                Err(resources_datafusion_err!("GPU join: allocating {bytes} bytes for {what} failed: {e}"))
             }
         }
     }

@@ -23,7 +23,7 @@ pub use device::CudaDevice;
 pub use kernels::compile_kernels;
 pub use memory::DeviceBuffer;
 
-use super::{Candidates, DeviceCounters, Element, JoinBackend, PartitionSpec, Space, Transformed};
+use super::{Admission, Candidates, DeviceCounters, Element, JoinBackend, PartitionSpec, Space, Transformed};
 use crate::config::GpuJoinConfig;
 use crate::keys::NormalizedKey;
 use memory::Instance;
@@ -92,6 +92,7 @@ impl CudaBackend {
         if blocks == 0 {
             return Ok(());
         }
+        self.instance.counters.check_cancelled(kernel)?;
         let function = self.instance.device.kernel(kernel)?;
         let grid = u32::try_from(blocks)
             .map_err(|_| exec_datafusion_err!("GPU join kernel {kernel}: {blocks} blocks are too many"))?;
@@ -128,6 +129,10 @@ impl JoinBackend for CudaBackend {
     fn open(device: &Arc<CudaDevice>, counters: Arc<DeviceCounters>) -> Result<Self> {
         let stream = device.context.new_stream().map_err(|e| device::cuda_error("creating a stream", e))?;
         Ok(Self { instance: Instance { device: Arc::clone(device), stream, counters } })
+    }
+
+    fn admission(device: &Arc<CudaDevice>) -> &Admission {
+        &device.admission
     }
 
     fn name(&self) -> &'static str {

@@ -1,0 +1,275 @@
+//! Operator-level benchmark: a DataFusion session with the GPU join against
+//! DataFusion alone, in one process, on the GFTR paper's data as Arrow
+//! batches in host memory (`target_partitions = 16`).
+//!
+//! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys,
+//! 4-byte keys and payloads, one payload column per side (narrow) or two
+//! (wide). For each workload it times the whole query
+//! (`select count(*), sum(..) from r join s on r.k = s.k`) on both sessions,
+//! and the GPU join operator alone (every output partition of the join
+//! drained), whose bytes moved each way give the PCIe floor at 55 GB/s.
+//!
+//! ```text
+//! cargo bench --bench operator                       # GPU machine
+//! GPU_JOIN_BENCH_SCALE=64 cargo bench --bench operator   # 1/64 of the sizes
+//! GPU_JOIN_BENCH_ONLY=narrow cargo bench --bench operator  # one workload
+//! GPU_JOIN_BENCH_SETTINGS='set gpu_join.probe_chunk_rows = 4194304' \
+//!   GPU_JOIN_BENCH_GPU_ONLY=1 cargo bench --bench operator  # GPU session settings; DataFusion not timed
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, Int32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use criterion::{Criterion, criterion_group, criterion_main};
+use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::backend::cuda_backend;
+use datafusion_gpu_join::config::GpuJoinConfig;
+use datafusion_gpu_join::{GpuJoinExec, SessionStateBuilderExt};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+const PARTITIONS: usize = 16;
+const BATCH_ROWS: usize = 8192;
+/// Pinned host-device bandwidth each way on the GPU machines.
+const PCIE_BYTES_PER_SECOND: f64 = 55e9;
+
+struct Workload {
+    name: &'static str,
+    payloads: usize,
+}
+
+const WORKLOADS: [Workload; 2] = [Workload { name: "narrow", payloads: 1 }, Workload { name: "wide", payloads: 2 }];
+
+fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> MemTable {
+    let mut fields = vec![Field::new("k", DataType::Int32, false)];
+    fields.extend((1..=payloads).map(|i| Field::new(format!("{prefix}{i}"), DataType::Int32, false)));
+    let schema: SchemaRef = Arc::new(Schema::new(fields));
+    let per_partition = keys.len().div_ceil(PARTITIONS);
+    let partitions: Vec<Vec<RecordBatch>> = keys
+        .par_chunks(per_partition)
+        .enumerate()
+        .map(|(p, keys)| {
+            keys.chunks(BATCH_ROWS)
+                .enumerate()
+                .map(|(b, keys)| {
+                    let first = (p * per_partition + b * BATCH_ROWS) as i32;
+                    let mut columns: Vec<ArrayRef> = vec![Arc::new(Int32Array::from(keys.to_vec()))];
+                    for i in 1..=payloads as i32 {
+                        let values = (0..keys.len() as i32).map(|r| (first + r).wrapping_mul(i) % 1000);
+                        columns.push(Arc::new(Int32Array::from_iter_values(values)));
+                    }
+                    RecordBatch::try_new(Arc::clone(&schema), columns).expect("a batch")
+                })
+                .collect()
+        })
+        .collect();
+    MemTable::try_new(schema, partitions).expect("a table")
+}
+
+/// R's shuffled primary keys and S's uniform foreign keys.
+fn keys(scale: usize) -> (Vec<i32>, Vec<i32>) {
+    let (r, s) = ((1usize << 27) / scale, (1usize << 28) / scale);
+    let mut build: Vec<i32> = (0..r as i32).collect();
+    build.shuffle(&mut StdRng::seed_from_u64(1));
+    let probe = (0..s)
+        .into_par_iter()
+        .map_init(
+            || StdRng::seed_from_u64(rayon::current_thread_index().unwrap_or(0) as u64 + 2),
+            |rng, _| rng.random_range(0..r as i32),
+        )
+        .collect();
+    (build, probe)
+}
+
+fn session(gpu: bool, r: &Arc<MemTable>, s: &Arc<MemTable>) -> SessionContext {
+    let config = SessionConfig::new().with_target_partitions(PARTITIONS);
+    let builder = SessionStateBuilder::new().with_config(config).with_default_features();
+    let ctx = SessionContext::new_with_state(if gpu { builder.with_gpu_join() } else { builder }.build());
+    ctx.register_table("r", Arc::clone(r) as _).expect("r");
+    ctx.register_table("s", Arc::clone(s) as _).expect("s");
+    ctx
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.is::<GpuJoinExec>() {
+        return Some(Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(find_join)
+}
+
+/// Runs the query; its time and its result.
+async fn run_query(ctx: &SessionContext, sql: &str) -> (Duration, Vec<RecordBatch>) {
+    let start = Instant::now();
+    let batches = ctx.sql(sql).await.expect("planned").collect().await.expect("ran");
+    (start.elapsed(), batches)
+}
+
+/// Drains every output partition of the GPU join alone; its time, rows and
+/// bytes moved to and from the device.
+async fn run_join(ctx: &SessionContext, sql: &str) -> (Duration, usize, u64, u64) {
+    let plan = ctx.sql(sql).await.expect("planned").create_physical_plan().await.expect("a plan");
+    let join = find_join(&plan).expect("the join runs on the GPU");
+    let start = Instant::now();
+    let streams = execute_stream_partitioned(Arc::clone(&join), ctx.task_ctx()).expect("streams");
+    let tasks: Vec<_> = streams
+        .into_iter()
+        .map(|mut stream| {
+            tokio::spawn(async move {
+                let mut rows = 0;
+                while let Some(batch) = stream.next().await {
+                    rows += batch.expect("a batch").num_rows();
+                }
+                rows
+            })
+        })
+        .collect();
+    let mut rows = 0;
+    for task in tasks {
+        rows += task.await.expect("a partition");
+    }
+    let elapsed = start.elapsed();
+    let metrics = join.metrics().expect("metrics");
+    let sum = |name: &str| metrics.sum_by_name(name).map_or(0, |v| v.as_usize() as u64);
+    (elapsed, rows, sum("bytes_to_device"), sum("bytes_from_device"))
+}
+
+struct Row {
+    workload: &'static str,
+    datafusion: Duration,
+    gpu: Duration,
+    join: Duration,
+    up: u64,
+    down: u64,
+    rows: usize,
+}
+
+fn operator(c: &mut Criterion) {
+    if let Err(why) = cuda_backend(&GpuJoinConfig::default()) {
+        eprintln!("operator benchmark skipped: no usable CUDA device ({why})");
+        return;
+    }
+    let scale = std::env::var("GPU_JOIN_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    let (build_keys, probe_keys) = keys(scale);
+    let only = std::env::var("GPU_JOIN_BENCH_ONLY").unwrap_or_default();
+    let settings = std::env::var("GPU_JOIN_BENCH_SETTINGS").unwrap_or_default();
+    let gpu_only = std::env::var("GPU_JOIN_BENCH_GPU_ONLY").is_ok();
+    let mut rows = vec![];
+    for workload in WORKLOADS.iter().filter(|w| only.is_empty() || only.split('|').any(|n| n == w.name)) {
+        let r = Arc::new(table("p", build_keys.clone(), workload.payloads));
+        let s = Arc::new(table("q", probe_keys.clone(), workload.payloads));
+        let sums: Vec<String> =
+            (1..=workload.payloads).flat_map(|i| [format!("sum(p{i})"), format!("sum(q{i})")]).collect();
+        let query = format!("select count(*), {} from r join s on r.k = s.k", sums.join(", "));
+        let columns: Vec<String> = (1..=workload.payloads).flat_map(|i| [format!("p{i}"), format!("q{i}")]).collect();
+        let join_only = format!("select {} from r join s on r.k = s.k", columns.join(", "));
+        let (cpu, gpu) = (session(false, &r, &s), session(true, &r, &s));
+        for setting in settings.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            runtime.block_on(async { gpu.sql(setting).await.expect("a setting").collect().await.expect("set") });
+        }
+
+        let (_, expected) = runtime.block_on(run_query(&cpu, &query));
+        let (_, actual) = runtime.block_on(run_query(&gpu, &query));
+        assert_eq!(expected, actual, "{}: the GPU session's result differs from DataFusion's", workload.name);
+
+        let mut group = c.benchmark_group(format!("operator-{}", workload.name));
+        group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+        let mut times = vec![];
+        let engines: &[(&str, &SessionContext)] = match gpu_only {
+            true => &[("gpu-session", &gpu)],
+            false => &[("datafusion", &cpu), ("gpu-session", &gpu)],
+        };
+        if gpu_only {
+            times.push(Duration::ZERO);
+        }
+        for &(label, ctx) in engines {
+            let runs = Mutex::new(vec![]);
+            group.bench_function(label, |b| {
+                b.iter_custom(|iterations| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iterations {
+                        let (elapsed, _) = runtime.block_on(run_query(ctx, &query));
+                        runs.lock().expect("runs").push(elapsed);
+                        total += elapsed;
+                    }
+                    total
+                })
+            });
+            times.push(median(runs.into_inner().expect("runs")));
+        }
+        let joins = Mutex::new(vec![]);
+        group.bench_function("gpu-join-operator", |b| {
+            b.iter_custom(|iterations| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iterations {
+                    let run = runtime.block_on(run_join(&gpu, &join_only));
+                    total += run.0;
+                    joins.lock().expect("joins").push(run);
+                }
+                total
+            })
+        });
+        group.finish();
+        let joins = joins.into_inner().expect("joins");
+        let plan = runtime.block_on(async { gpu.sql(&join_only).await.expect("planned").create_physical_plan().await });
+        if let Some(join) = find_join(&plan.expect("a plan")) {
+            runtime.block_on(async {
+                let streams = execute_stream_partitioned(Arc::clone(&join), gpu.task_ctx()).expect("streams");
+                for mut stream in streams {
+                    while stream.next().await.is_some() {}
+                }
+            });
+            let metrics = join.metrics().expect("metrics").aggregate_by_name().sorted_for_display();
+            println!("{}: GPU join metrics, partitions drained one after another: {metrics}", workload.name);
+        }
+        let (_, output_rows, up, down) = joins.first().copied().unwrap_or_default();
+        rows.push(Row {
+            workload: workload.name,
+            datafusion: times[0],
+            gpu: times[1],
+            join: median(joins.iter().map(|j| j.0).collect()),
+            up,
+            down,
+            rows: output_rows,
+        });
+    }
+    println!("\nmedian (ms) over the measured runs; PCIe floor = max(bytes up, bytes down) / 55 GB/s");
+    println!(
+        "| workload | DataFusion | GPU session | speed-up | GPU join alone | GB up | GB down | PCIe floor | join / floor | output rows |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let floor = row.up.max(row.down) as f64 / PCIE_BYTES_PER_SECOND;
+        println!(
+            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {} |",
+            row.workload,
+            ms(row.datafusion),
+            ms(row.gpu),
+            row.datafusion.as_secs_f64() / row.gpu.as_secs_f64(),
+            ms(row.join),
+            row.up as f64 / 1e9,
+            row.down as f64 / 1e9,
+            floor * 1e3,
+            row.join.as_secs_f64() / floor,
+            row.rows
+        );
+    }
+}
+
+criterion_group!(benches, operator);
+criterion_main!(benches);

@@ -1,0 +1,51 @@
+//! DataFusion's own operator for a probe chunk the GPU could not join.
+//!
+//! When a chunk keeps running out of device memory, even alone on the
+//! device and split down to small pieces, its rows are joined by
+//! `HashJoinExec` over the build side's host copy. That gives exactly the
+//! rows the GPU would have given only for joins whose probe chunks join
+//! independently (no build-side rows emitted at the end, no NOT IN): for
+//! the others the join fails with what to do.
+
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use datafusion::common::resources_datafusion_err;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::{ExecutionPlan, collect};
+
+use crate::algorithms::JoinDefinition;
+
+/// The chunk's output rows from DataFusion's hash join, or `error` with
+/// advice when the join type does not allow a per-chunk fallback.
+pub(super) async fn join_chunk_on_cpu(
+    twin: &HashJoinExec,
+    definition: &JoinDefinition,
+    build: &RecordBatch,
+    chunk: RecordBatch,
+    context: Arc<TaskContext>,
+    error: DataFusionError,
+) -> Result<Vec<RecordBatch>> {
+    if !definition.probe_chunks_join_independently() {
+        return Err(resources_datafusion_err!(
+            "{error}. A {} join cannot hand single probe chunks to DataFusion; lower gpu_join.probe_chunk_rows, \
+             raise gpu_join.memory_limit, or set gpu_join.enabled = false",
+            definition.join_type
+        ));
+    }
+    log::warn!("gpu_join: joining {} probe rows on DataFusion's operator: {error}", chunk.num_rows());
+    let left = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], twin.left().schema(), None)?;
+    let right = MemorySourceConfig::try_new_exec(&[vec![chunk]], twin.right().schema(), None)?;
+    let join = twin
+        .builder()
+        .reset_state()
+        .with_partition_mode(PartitionMode::CollectLeft)
+        .with_fetch(None)
+        .with_new_children(vec![left, right])?
+        .recompute_properties()
+        .build()?;
+    collect(Arc::new(join) as Arc<dyn ExecutionPlan>, context).await
+}

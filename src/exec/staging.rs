@@ -1,0 +1,100 @@
+//! Host-side staging: DataFusion's small probe batches become large chunks,
+//! concatenated in parallel (columns, and pieces of each column, on rayon's
+//! threads) rather than on the core that polls the input.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayData, ArrayRef, make_array};
+use arrow::buffer::MutableBuffer;
+use arrow::compute::concat;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::error::Result;
+use rayon::prelude::*;
+
+/// Gathers probe batches into chunks of exactly `chunk_rows` rows (the last
+/// one may be smaller).
+pub(super) struct ProbeStaging {
+    schema: SchemaRef,
+    chunk_rows: usize,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl ProbeStaging {
+    pub fn new(schema: SchemaRef, chunk_rows: usize) -> Self {
+        Self { schema, chunk_rows: chunk_rows.max(1), batches: vec![], rows: 0 }
+    }
+
+    /// Adds a batch; returns the chunks it completes.
+    pub fn push(&mut self, mut batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        let mut chunks = vec![];
+        while self.rows + batch.num_rows() >= self.chunk_rows {
+            let take = self.chunk_rows - self.rows;
+            self.batches.push(batch.slice(0, take));
+            batch = batch.slice(take, batch.num_rows() - take);
+            self.rows = self.chunk_rows;
+            chunks.extend(self.finish()?);
+        }
+        if batch.num_rows() > 0 {
+            self.rows += batch.num_rows();
+            self.batches.push(batch);
+        }
+        Ok(chunks)
+    }
+
+    /// The rows gathered so far as one chunk, if any.
+    pub fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        let batches = std::mem::take(&mut self.batches);
+        let rows = std::mem::take(&mut self.rows);
+        concat_in_parallel(&self.schema, &batches, rows).map(Some)
+    }
+}
+
+/// `batches` as one batch of `rows` rows.
+pub(crate) fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<RecordBatch> {
+    match batches {
+        [] => return Ok(RecordBatch::new_empty(Arc::clone(schema))),
+        [batch] => return Ok(batch.clone()),
+        _ => {}
+    }
+    let columns = (0..schema.fields().len())
+        .into_par_iter()
+        .map(|i| {
+            let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
+            concat_column(&arrays, rows)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
+}
+
+/// One column of a chunk: fixed-width columns without nulls are copied
+/// into place piece by piece in parallel; others go through arrow's concat.
+fn concat_column(arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
+    let data_type = arrays[0].data_type();
+    let width = match data_type.primitive_width() {
+        Some(w) if data_type.is_primitive() && arrays.iter().all(|a| a.null_count() == 0) => w,
+        _ => return Ok(concat(arrays)?),
+    };
+    let mut buffer = MutableBuffer::from_len_zeroed(rows * width);
+    let mut pieces = Vec::with_capacity(arrays.len());
+    let mut rest = buffer.as_slice_mut();
+    for array in arrays {
+        let (piece, tail) = rest.split_at_mut(array.len() * width);
+        pieces.push((piece, array.to_data()));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(piece, data)| {
+        let start = data.offset() * width;
+        piece.copy_from_slice(&data.buffers()[0].as_slice()[start..start + piece.len()]);
+    });
+    let data = ArrayData::builder(data_type.clone()).len(rows).add_buffer(buffer.into()).build()?;
+    Ok(make_array(data))
+}
