@@ -12,6 +12,26 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
+/// The batches of one probe chunk, not yet concatenated: the copy runs in
+/// the chunk's load job, off the async workers.
+pub(super) struct StagedChunk {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl StagedChunk {
+    /// A chunk that is already one batch.
+    pub fn whole(batch: RecordBatch) -> Self {
+        Self { schema: batch.schema(), rows: batch.num_rows(), batches: vec![batch] }
+    }
+
+    /// The chunk as one batch; copies unless it already is one.
+    pub fn into_batch(self) -> Result<RecordBatch> {
+        concat_in_parallel(&self.schema, &self.batches, self.rows)
+    }
+}
+
 /// Gathers probe batches into chunks of exactly `chunk_rows` rows (the last
 /// one may be smaller).
 pub(super) struct ProbeStaging {
@@ -27,30 +47,30 @@ impl ProbeStaging {
     }
 
     /// Adds a batch; returns the chunks it completes.
-    pub fn push(&mut self, mut batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+    pub fn push(&mut self, mut batch: RecordBatch) -> Vec<StagedChunk> {
         let mut chunks = vec![];
         while self.rows + batch.num_rows() >= self.chunk_rows {
             let take = self.chunk_rows - self.rows;
             self.batches.push(batch.slice(0, take));
             batch = batch.slice(take, batch.num_rows() - take);
             self.rows = self.chunk_rows;
-            chunks.extend(self.finish()?);
+            chunks.extend(self.finish());
         }
         if batch.num_rows() > 0 {
             self.rows += batch.num_rows();
             self.batches.push(batch);
         }
-        Ok(chunks)
+        chunks
     }
 
     /// The rows gathered so far as one chunk, if any.
-    pub fn finish(&mut self) -> Result<Option<RecordBatch>> {
+    pub fn finish(&mut self) -> Option<StagedChunk> {
         if self.rows == 0 {
-            return Ok(None);
+            return None;
         }
         let batches = std::mem::take(&mut self.batches);
         let rows = std::mem::take(&mut self.rows);
-        concat_in_parallel(&self.schema, &batches, rows).map(Some)
+        Some(StagedChunk { schema: Arc::clone(&self.schema), batches, rows })
     }
 }
 

@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::fallback::join_chunk_on_cpu;
 use super::runner::{BuildCell, PartitionInputs, PreparedBuild, Runner};
-use super::staging::ProbeStaging;
+use super::staging::{ProbeStaging, StagedChunk};
 use crate::algorithms::{LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
@@ -161,15 +161,19 @@ async fn load_chunks<B: JoinBackend>(partition: &Partition<'_, B>, chunk_tx: Sen
                 let batch = batch?;
                 inputs.metrics.probe_rows.add(batch.num_rows());
                 reservation.try_grow(batch.get_array_memory_size())?;
-                staging.push(batch)?
+                staging.push(batch)
             }
             None => {
                 input_done = true;
-                staging.finish()?.into_iter().collect()
+                staging.finish().into_iter().collect()
             }
         };
         for chunk in chunks {
-            let loaded = load_chunk(partition, &backend, chunk).await?;
+            let build = partition.build().await?;
+            let permit = partition.runner.admission().shared(partition.options.concurrent_tasks).await?;
+            let loaded = load_chunk(partition, &backend, &build, chunk).await?;
+            // Not held while the joiner is busy: it may need the device alone.
+            drop(permit);
             reservation.resize(0);
             if chunk_tx.send(loaded).await.is_err() {
                 // The joiner has stopped: fetch reached, cancelled, or failed.
@@ -180,23 +184,28 @@ async fn load_chunks<B: JoinBackend>(partition: &Partition<'_, B>, chunk_tx: Sen
     Ok(())
 }
 
-async fn load_chunk<B: JoinBackend>(partition: &Partition<'_, B>, backend: &B, chunk: RecordBatch) -> Result<Chunk<B>> {
-    let build = partition.build().await?;
-    let _permit = partition.runner.admission().shared(partition.options.concurrent_tasks).await?;
+/// Concatenates a staged chunk and loads it, in one blocking job; a chunk
+/// that runs out of device memory comes back not loaded.
+async fn load_chunk<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    build: &Arc<PreparedBuild<B>>,
+    chunk: StagedChunk,
+) -> Result<Chunk<B>> {
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let (backend, definition, timers) =
         (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
-    let kept = chunk.clone();
-    match run_blocking("loading a probe chunk", move || {
-        load_probe_chunk(&backend, &definition, &build.side, chunk, &timers)
+    let build = Arc::clone(build);
+    run_blocking("loading a probe chunk", move || {
+        let batch = chunk.into_batch()?;
+        match load_probe_chunk(&backend, &definition, &build.side, batch.clone(), &timers) {
+            Ok(loaded) => Ok(Chunk::Loaded(loaded)),
+            Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(batch, e)),
+            Err(e) => Err(e),
+        }
     })
     .await
-    {
-        Ok(loaded) => Ok(Chunk::Loaded(loaded)),
-        Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(kept, e)),
-        Err(e) => Err(e),
-    }
 }
 
 /// Joins loaded chunks and sends their output while the next one joins.
@@ -281,14 +290,10 @@ async fn join_exclusively<B: JoinBackend>(
     build: &Arc<PreparedBuild<B>>,
     piece: RecordBatch,
 ) -> Result<RecordBatch> {
-    let (loader, definition, timers) =
-        (backend.clone(), Arc::clone(&partition.runner.definition), partition.inputs.metrics.phases.clone());
-    let side = Arc::clone(build);
-    let loaded = run_blocking("loading a probe chunk", move || {
-        load_probe_chunk(&loader, &definition, &side.side, piece, &timers)
-    })
-    .await?;
-    join_loaded(partition, backend, build, loaded).await
+    match load_chunk(partition, backend, build, StagedChunk::whole(piece)).await? {
+        Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded).await,
+        Chunk::NotLoaded(_, error) => Err(error),
+    }
 }
 
 async fn join_loaded<B: JoinBackend>(
