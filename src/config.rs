@@ -208,6 +208,9 @@ extensions_options! {
         /// partition, without DataFusion's hash repartitioning, where nothing
         /// above relies on the join's partitioning.
         pub collect_build_side: bool, default = true
+        /// Most build rows joined in one pass; a larger build side is split
+        /// by key hash into passes. 0 sizes passes from the device budget.
+        pub build_pass_rows: usize, default = 0
         /// Probe rows gathered into one chunk before it is joined.
         pub probe_chunk_rows: usize, default = 1 << 22
         /// When matches keep the probe side's row order: auto, always or required.

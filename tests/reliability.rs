@@ -1,12 +1,16 @@
 //! The operator under load and under failure: concurrent queries on one
-//! device, cancellation, allocation failures, and outputs beyond 2^31 rows.
+//! device, cancellation, allocation failures, build sides joined in passes,
+//! and outputs beyond 2^31 rows.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::common::{datafusion_context, gpu_context, run, sorted_rows, test_backend, test_backend_choice};
+use datafusion_gpu_join::GpuJoinExec;
 use datafusion_gpu_join::config::BackendChoice;
 
 const BUILD_ROWS: usize = 60_000;
@@ -142,6 +146,65 @@ async fn allocation_failures_are_retried_or_fall_back() {
             }
         }
     }
+}
+
+fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    match plan.is::<GpuJoinExec>() {
+        true => Some(Arc::clone(plan)),
+        false => plan.children().into_iter().find_map(find_join),
+    }
+}
+
+/// The `build_passes` metric of the query's GPU join, from EXPLAIN ANALYZE.
+async fn build_passes(ctx: &SessionContext, query: &str) -> Option<usize> {
+    let text = sorted_rows(&run(ctx, &format!("explain analyze {query}")).await).join("\n");
+    let at = text.find("build_passes=")? + "build_passes=".len();
+    text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn build_sides_split_into_passes_match_datafusion() {
+    let expected = expected_results().await;
+    for collect in ["true", "false"] {
+        // 60,000 build rows in passes of at most 7,000: 16 passes in one
+        // build side, 2 to 4 in each of 4 partitioned ones.
+        let ctx = gpu_session(&[
+            "set gpu_join.build_pass_rows = 7000",
+            &format!("set gpu_join.collect_build_side = {collect}"),
+            "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
+            "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        ])
+        .await;
+        for (query, expected) in QUERIES.iter().zip(&expected) {
+            let label = format!("{query} (collect_build_side = {collect})");
+            assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
+            let passes = build_passes(&ctx, query).await;
+            if query.contains("left join") || query.contains("full join") {
+                // Build rows are emitted at the end: DataFusion's operator
+                // joins the whole probe side instead.
+                assert!(passes.is_none_or(|p| p == 0), "{label}: split into {passes:?} passes");
+            } else if query.contains(" join ") {
+                assert!(passes.is_some_and(|p| p >= 2), "{label}: split into {passes:?} passes");
+            }
+        }
+    }
+    // Partitions drained one after another still finish: none waits for
+    // another to make progress.
+    let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000"]).await;
+    let plan = ctx.sql(QUERIES[0]).await.expect("planned").create_physical_plan().await.expect("a plan");
+    let join = find_join(&plan).expect("the join runs on the GPU");
+    let mut batches = vec![];
+    for mut stream in execute_stream_partitioned(join, ctx.task_ctx()).expect("streams") {
+        while let Some(batch) = stream.next().await {
+            batches.push(batch.expect("a batch"));
+        }
+    }
+    let count: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let reference = datafusion_context(config());
+    create_tables(&reference).await;
+    let expected = run(&reference, "select count(*) from r join s on r.k = s.k").await;
+    let expected = expected[0].column(0).as_any().downcast_ref::<arrow::array::Int64Array>().expect("a count");
+    assert_eq!(count as i64, expected.value(0), "rows of the join drained partition by partition");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -106,6 +106,13 @@ impl JoinDefinition {
         !self.tracks_visited_build_rows() && !self.null_aware
     }
 
+    /// Whether a build side too large for the device may be joined in
+    /// passes, each probe row with the pass that holds its key: probe
+    /// chunks join independently and no one relies on their order.
+    pub(crate) fn splits_into_passes(&self) -> bool {
+        self.probe_chunks_join_independently() && !self.probe_order_required
+    }
+
     /// Whether the filter reads columns of the given side.
     pub(crate) fn filter_reads(&self, side: JoinSide) -> bool {
         self.filter.as_ref().is_some_and(|f| f.column_indices().iter().any(|c| c.side == side))

@@ -221,6 +221,8 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn finish(&self) -> Result<()>;
     /// Build partitions are sized to hold about this many rows.
     fn partition_target_rows(&self) -> usize;
+    /// The bytes of backend memory the GPU join may hold, when bounded.
+    fn memory_budget(&self) -> Option<u64>;
 
     // ---- moving data ----
     fn upload<T: Element>(&self, host: &[T]) -> Result<Self::Vector<T>>;

@@ -6,16 +6,19 @@
 //! rows the GPU would have given only for joins whose probe chunks join
 //! independently (no build-side rows emitted at the end, no NOT IN): for
 //! the others the join fails with what to do.
+//!
+//! A build side too large for the device, of a join that cannot be split
+//! into passes, is joined by the same operator for the whole probe side.
 
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::resources_datafusion_err;
+use datafusion::common::{internal_err, resources_datafusion_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect};
 
 use crate::algorithms::JoinDefinition;
 
@@ -37,15 +40,41 @@ pub(super) async fn join_chunk_on_cpu(
         ));
     }
     log::warn!("gpu_join: joining {} probe rows on DataFusion's operator: {error}", chunk.num_rows());
-    let left = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], twin.left().schema(), None)?;
     let right = MemorySourceConfig::try_new_exec(&[vec![chunk]], twin.right().schema(), None)?;
+    collect(hash_join_over(twin, build, right, PartitionMode::CollectLeft, 0)?, context).await
+}
+
+/// DataFusion's hash join of the build side's host copy with `right`. In
+/// `CollectLeft` mode the build side serves every partition of `right`; in
+/// `Partitioned` mode it is partition `partition`'s alone, and only that
+/// partition of the join may be executed.
+pub(super) fn hash_join_over(
+    twin: &HashJoinExec,
+    build: &RecordBatch,
+    right: Arc<dyn ExecutionPlan>,
+    mode: PartitionMode,
+    partition: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut partitions = vec![vec![]; right.output_partitioning().partition_count()];
+    let (mode, at) = match mode {
+        PartitionMode::Partitioned => (PartitionMode::Partitioned, partition),
+        _ => (PartitionMode::CollectLeft, 0),
+    };
+    if mode == PartitionMode::CollectLeft {
+        partitions.truncate(1);
+    }
+    match partitions.get_mut(at) {
+        Some(slot) => slot.push(build.clone()),
+        None => return internal_err!("GPU join: no partition {at} for the build side on DataFusion's operator"),
+    }
+    let left = MemorySourceConfig::try_new_exec(&partitions, twin.left().schema(), None)?;
     let join = twin
         .builder()
         .reset_state()
-        .with_partition_mode(PartitionMode::CollectLeft)
+        .with_partition_mode(mode)
         .with_fetch(None)
         .with_new_children(vec![left, right])?
         .recompute_properties()
         .build()?;
-    collect(Arc::new(join) as Arc<dyn ExecutionPlan>, context).await
+    Ok(Arc::new(join))
 }

@@ -12,6 +12,8 @@ pub(crate) struct GpuJoinMetrics {
     pub probe_rows: Count,
     /// Collecting the build side from its input, before the transform.
     pub build_collect_time: Time,
+    /// Passes the build side was split into (0 when it fit at once).
+    pub build_passes: Count,
     pub phases: PhaseTimers,
     pub bytes_to_device: Count,
     pub bytes_from_device: Count,
@@ -27,6 +29,7 @@ impl GpuJoinMetrics {
             build_rows: count("build_rows"),
             probe_rows: count("probe_rows"),
             build_collect_time: time("build_collect_time"),
+            build_passes: count("build_passes"),
             phases: PhaseTimers {
                 transform: time("transform_time"),
                 matching: time("match_time"),

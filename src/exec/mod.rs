@@ -9,6 +9,7 @@
 mod display;
 mod fallback;
 mod metrics;
+mod passes;
 mod runner;
 mod staging;
 mod stream;

@@ -5,22 +5,31 @@
 //! partitions of one execution share in `CollectLeft` mode: the build side,
 //! collected and transformed once, and the count of probe partitions still
 //! running, so that the last one emits the build-side rows.
+//!
+//! Once collected, a build side that fits the device is prepared whole; a
+//! larger one is split into passes ([`super::passes`]), or, for a join that
+//! cannot be split, handed with the probe side to DataFusion's operator.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
+use datafusion::common::exec_datafusion_err;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
-use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::TryStreamExt;
 use tokio::sync::OnceCell;
 
+use super::fallback::hash_join_over;
 use super::metrics::GpuJoinMetrics;
+use super::passes::{BuildPasses, pass_count, split_by_pass};
 use super::staging::concat_in_parallel;
 use super::stream::{is_out_of_memory, run_blocking, run_partition};
 use crate::algorithms::{BuildSide, JoinDefinition, prepare_build_side};
@@ -64,7 +73,70 @@ pub(crate) struct PreparedBuild<B: JoinBackend> {
     _reservation: MemoryReservation,
 }
 
-type SharedBuild<B> = std::result::Result<Arc<PreparedBuild<B>>, Arc<DataFusionError>>;
+/// What a build side became once collected.
+pub(crate) enum CollectedBuild<B: JoinBackend> {
+    /// Prepared on the device in one piece.
+    Whole(Arc<PreparedBuild<B>>),
+    /// Split into passes, each prepared when partitions need it.
+    Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
+    /// Too large for the device, for a join that cannot be split: DataFusion's
+    /// operator joins each probe partition with the build side's host copy.
+    OnCpu { join: Arc<dyn ExecutionPlan>, _reservation: MemoryReservation },
+}
+
+type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
+
+/// Device bytes the transform of a build side of `batch` holds at its peak:
+/// keys (at most 8 bytes), device-held payloads and row ids, in and out.
+fn transform_bytes(definition: &JoinDefinition, batch: &RecordBatch) -> u64 {
+    let payload: usize =
+        definition.build_output_columns().iter().filter_map(|&i| batch.column(i).data_type().primitive_width()).sum();
+    batch.num_rows() as u64 * (2 * (8 + payload) + 4) as u64
+}
+
+/// The batches of partition `partition` of the build input, in host memory
+/// accounted in `reservation`. A build input coalesced from several
+/// partitions is read one task per partition, rather than batch by batch
+/// through the coalescing channel, which costs more than the copy for
+/// DataFusion's small batches.
+async fn collect_input(
+    left: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+    reservation: &Arc<MemoryReservation>,
+) -> Result<Vec<RecordBatch>> {
+    let (plan, partitions) = match left.downcast_ref::<CoalescePartitionsExec>() {
+        Some(coalesce) if coalesce.fetch().is_none() => {
+            (coalesce.input(), 0..coalesce.input().output_partitioning().partition_count())
+        }
+        _ => (left, partition..partition + 1),
+    };
+    let tasks = partitions
+        .map(|p| {
+            let stream = plan.execute(p, Arc::clone(context))?;
+            let reservation = Arc::clone(reservation);
+            Ok(SpawnedTask::spawn(async move {
+                stream
+                    .and_then(|batch| {
+                        let grown = reservation.try_grow(batch.get_array_memory_size());
+                        async move { grown.map(|_| batch) }
+                    })
+                    .try_collect::<Vec<_>>()
+                    .await
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut batches = vec![];
+    for task in tasks {
+        let collected =
+            task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))?;
+        batches.extend(collected?);
+    }
+    Ok(batches)
+}
+
+/// Passes tried when a build side estimated to fit runs out of memory alone.
+const PASSES_AFTER_OUT_OF_MEMORY: usize = 4;
 
 /// Where a partition finds its build side once it is prepared. Partitions
 /// hold it while they run, so that the build side's memory is freed when
@@ -129,13 +201,13 @@ impl<B: JoinBackend> Runner<B> {
 
     /// The build side in `cell`, collected and prepared by the first
     /// partition that asks.
-    pub async fn build_side(
+    pub async fn collected_build(
         &self,
         cell: &BuildCell<B>,
         backend: &B,
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
-    ) -> Result<Arc<PreparedBuild<B>>> {
+    ) -> Result<Arc<CollectedBuild<B>>> {
         let partition = match inputs.mode {
             PartitionMode::CollectLeft => 0,
             _ => inputs.partition,
@@ -152,18 +224,14 @@ impl<B: JoinBackend> Runner<B> {
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
         partition: usize,
-    ) -> Result<Arc<PreparedBuild<B>>> {
+    ) -> Result<Arc<CollectedBuild<B>>> {
         let timer = inputs.metrics.build_collect_time.timer();
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
-        let stream = inputs.left.execute(partition, Arc::clone(&inputs.context))?;
-        let batches: Vec<_> = stream
-            .and_then(|batch| {
-                let grown = reservation.try_grow(batch.get_array_memory_size());
-                async move { grown.map(|_| batch) }
-            })
-            .try_collect()
-            .await?;
+        let reservation = Arc::new(reservation);
+        let batches = collect_input(&inputs.left, partition, &inputs.context, &reservation).await?;
+        let reservation = Arc::into_inner(reservation)
+            .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
         let (schema, collected) = (inputs.left.schema(), batches);
         let batch =
@@ -171,10 +239,68 @@ impl<B: JoinBackend> Runner<B> {
         inputs.metrics.build_rows.add(batch.num_rows());
         timer.done();
 
+        let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
+        let bytes = transform_bytes(&self.definition, &batch);
+        let mut passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
+        if passes == 1 {
+            match self.prepare_admitted(backend, inputs, options, batch.clone()).await {
+                Ok(side) => {
+                    return Ok(Arc::new(CollectedBuild::Whole(Arc::new(PreparedBuild {
+                        side,
+                        _reservation: reservation,
+                    }))));
+                }
+                Err(e) if is_out_of_memory(&e) => {
+                    log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");
+                    passes = PASSES_AFTER_OUT_OF_MEMORY;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !self.definition.splits_into_passes() {
+            log::warn!(
+                "gpu_join: a build side of {rows} rows ({bytes} bytes transformed) is larger than the device \
+                 budget allows, and a {} join {} cannot be split into passes: DataFusion's operator joins it",
+                self.definition.join_type,
+                if self.definition.probe_order_required { "in probe order" } else { "of this type" },
+            );
+            let join = hash_join_over(&self.twin, &batch, Arc::clone(&inputs.right), inputs.mode, partition)?;
+            return Ok(Arc::new(CollectedBuild::OnCpu { join, _reservation: reservation }));
+        }
+        inputs.metrics.build_passes.add(passes);
+        let keys = self.definition.build_keys.clone();
+        let pieces =
+            run_blocking("splitting the build side into passes", move || split_by_pass(&batch, &keys, passes)).await?;
+        Ok(Arc::new(CollectedBuild::Passes { passes: Arc::new(BuildPasses::new(pieces)), _reservation: reservation }))
+    }
+
+    /// One pass of a build side, prepared on the device.
+    pub async fn prepare_pass(
+        &self,
+        backend: &B,
+        inputs: &PartitionInputs,
+        options: &GpuJoinConfig,
+        piece: RecordBatch,
+    ) -> Result<Arc<PreparedBuild<B>>> {
+        // The piece's host memory is the whole build side's, accounted once.
+        let reservation = MemoryConsumer::new("GpuJoinBuildPass").register(inputs.context.memory_pool());
+        let side = self.prepare_admitted(backend, inputs, options, piece).await?;
+        Ok(Arc::new(PreparedBuild { side, _reservation: reservation }))
+    }
+
+    /// Prepares a build side under the device's admission; one that runs
+    /// out of memory is prepared again, alone on the device.
+    async fn prepare_admitted(
+        &self,
+        backend: &B,
+        inputs: &PartitionInputs,
+        options: &GpuJoinConfig,
+        batch: RecordBatch,
+    ) -> Result<BuildSide<B>> {
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
         let permit = admission.shared(options.concurrent_tasks).await?;
-        let side = match self.prepare(backend, inputs, batch.clone()).await {
+        match self.prepare(backend, inputs, batch.clone()).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
@@ -182,8 +308,7 @@ impl<B: JoinBackend> Runner<B> {
                 self.prepare(backend, inputs, batch).await
             }
             prepared => prepared,
-        }?;
-        Ok(Arc::new(PreparedBuild { side, _reservation: reservation }))
+        }
     }
 
     async fn prepare(&self, backend: &B, inputs: &PartitionInputs, batch: RecordBatch) -> Result<BuildSide<B>> {

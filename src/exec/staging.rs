@@ -74,6 +74,20 @@ impl ProbeStaging {
     }
 }
 
+/// The host memory `batch`'s rows take. Unlike `get_array_memory_size`,
+/// a slice counts its own rows, not the buffers it shares with its parent:
+/// staged chunks and probe passes are slices of DataFusion's batches.
+pub(super) fn held_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            let data = column.to_data();
+            data.get_slice_memory_size().unwrap_or_else(|_| column.get_array_memory_size())
+        })
+        .sum()
+}
+
 /// `batches` as one batch of `rows` rows.
 pub(crate) fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<RecordBatch> {
     match batches {

@@ -9,20 +9,27 @@
 //! uploads, kernels and downloads of different chunks at once. Every
 //! backend call runs on tokio's blocking pool, under the device's bounded
 //! admission.
+//!
+//! A build side split into passes runs the pipeline once per pass, over the
+//! probe rows of that pass; one that did not fit, for a join that cannot be
+//! split, leaves the partition to DataFusion's operator.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::exec_datafusion_err;
+use datafusion::common::{exec_datafusion_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_plan::metrics::RecordOutput;
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::fallback::join_chunk_on_cpu;
-use super::runner::{BuildCell, PartitionInputs, PreparedBuild, Runner};
-use super::staging::{ProbeStaging, StagedChunk};
+use super::passes::{BuildPasses, split_by_pass};
+use super::runner::{CollectedBuild, PartitionInputs, PreparedBuild, Runner};
+use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
@@ -70,13 +77,13 @@ pub(crate) async fn run_partition<B: JoinBackend>(
         Ok(build_backend) => {
             let partition = Partition {
                 runner: &runner,
-                cell: runner.build_cell(inputs.mode)?,
+                build: BuildSource::Pending,
                 build_backend,
                 inputs: &inputs,
                 options: &options,
                 counters: &counters,
             };
-            join_partition(&partition, &tx).await
+            join_partition(partition, &tx).await
         }
         Err(e) => Err(e),
     };
@@ -86,12 +93,21 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     result
 }
 
+/// Where a partition's jobs take the build side from.
+enum BuildSource<B: JoinBackend> {
+    /// Not collected yet.
+    Pending,
+    Whole(Arc<PreparedBuild<B>>),
+    /// One pass of a split build side, taken for one job at a time.
+    Pass(Arc<BuildPasses<B>>, usize),
+}
+
 /// What every stage of one output partition works with.
 struct Partition<'a, B: JoinBackend> {
     runner: &'a Arc<Runner<B>>,
-    cell: BuildCell<B>,
-    /// The instance that prepares the build side, if this partition is the
-    /// first to ask for it.
+    build: BuildSource<B>,
+    /// The instance that prepares the build side (or a pass of it) when this
+    /// partition is the first to ask for it.
     build_backend: B,
     inputs: &'a PartitionInputs,
     options: &'a GpuJoinConfig,
@@ -100,8 +116,16 @@ struct Partition<'a, B: JoinBackend> {
 }
 
 impl<B: JoinBackend> Partition<'_, B> {
+    /// The build side for one job; a job holds it no longer than it runs.
     async fn build(&self) -> Result<Arc<PreparedBuild<B>>> {
-        self.runner.build_side(&self.cell, &self.build_backend, self.inputs, self.options).await
+        match &self.build {
+            BuildSource::Whole(build) => Ok(Arc::clone(build)),
+            BuildSource::Pass(passes, pass) => {
+                let prepare = |piece| self.runner.prepare_pass(&self.build_backend, self.inputs, self.options, piece);
+                passes.acquire(*pass, prepare).await
+            }
+            BuildSource::Pending => internal_err!("GPU join: a probe chunk was joined before the build side"),
+        }
     }
 
     fn open_backend(&self) -> Result<B> {
@@ -116,51 +140,135 @@ enum Chunk<B: JoinBackend> {
     NotLoaded(RecordBatch, DataFusionError),
 }
 
-async fn join_partition<B: JoinBackend>(partition: &Partition<'_, B>, tx: &Sender<Result<RecordBatch>>) -> Result<()> {
-    let (runner, inputs) = (partition.runner, partition.inputs);
-    let (chunk_tx, chunk_rx) = channel(1);
-    let (loaded, joined) = futures::join!(load_chunks(partition, chunk_tx), join_chunks(partition, chunk_rx, tx));
-    // The joiner's error explains the loader's (a closed channel), not the
-    // other way round.
-    let finished = joined?;
-    loaded?;
+async fn join_partition<B: JoinBackend>(
+    mut partition: Partition<'_, B>,
+    tx: &Sender<Result<RecordBatch>>,
+) -> Result<()> {
+    let (runner, inputs, options, counters) =
+        (partition.runner, partition.inputs, partition.options, partition.counters);
+    let cell = runner.build_cell(inputs.mode)?;
+    let collected = runner.collected_build(&cell, &partition.build_backend, inputs, partition.options).await?;
+    let mut output = OutputSender::new(tx, inputs);
+    let finished = match collected.as_ref() {
+        CollectedBuild::Whole(build) => {
+            partition.build = BuildSource::Whole(Arc::clone(build));
+            let rows = inputs.metrics.probe_rows.clone();
+            let probe = inputs
+                .right
+                .execute(inputs.partition, Arc::clone(&inputs.context))?
+                .inspect_ok(move |batch| rows.add(batch.num_rows()))
+                .boxed();
+            join_probe_side(&partition, probe, &mut output).await?
+        }
+        CollectedBuild::Passes { passes, .. } => join_in_passes(partition, passes, &mut output).await?,
+        CollectedBuild::OnCpu { join, .. } => {
+            let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
+            let mut wanted = true;
+            while let (true, Some(batch)) = (wanted, batches.next().await) {
+                wanted = output.send(batch?).await;
+            }
+            wanted
+        }
+    };
     if !finished {
         return Ok(());
     }
     let last = runner.finish_probe(inputs.mode);
-    if runner.definition.tracks_visited_build_rows() && last {
-        let build = partition.build().await?;
-        let backend = partition.open_backend()?;
-        let (definition, timers) = (Arc::clone(&runner.definition), inputs.metrics.phases.clone());
-        let _permit = runner.admission().shared(partition.options.concurrent_tasks).await?;
+    if let (CollectedBuild::Whole(build), true) = (collected.as_ref(), last) {
+        if !runner.definition.tracks_visited_build_rows() {
+            return Ok(());
+        }
+        let backend = runner.open_backend(Arc::clone(counters))?;
+        let (build, definition, timers) =
+            (Arc::clone(build), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
+        let _permit = runner.admission().shared(options.concurrent_tasks).await?;
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let rows = run_blocking("emitting build-side rows", move || {
             finish_build_side(&backend, &definition, &build.side, &timers)
         })
         .await?;
         if let Some(rows) = rows {
-            OutputSender::new(tx, inputs).send(rows).await;
+            output.send(rows).await;
         }
     }
     Ok(())
 }
 
+/// Joins the probe side with a build side on the device, chunk by chunk:
+/// the loader and the joiner run side by side. False when no more output
+/// is wanted.
+async fn join_probe_side<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    probe: BoxStream<'_, Result<RecordBatch>>,
+    output: &mut OutputSender<'_>,
+) -> Result<bool> {
+    let (chunk_tx, chunk_rx) = channel(1);
+    let (loaded, joined) =
+        futures::join!(load_chunks(partition, probe, chunk_tx), join_chunks(partition, chunk_rx, output));
+    // The joiner's error explains the loader's (a closed channel), not the
+    // other way round.
+    let finished = joined?;
+    loaded?;
+    Ok(finished)
+}
+
+/// Holds the probe side on the host split by pass, then joins it pass by
+/// pass, a pass already on the device first. False when no more output is
+/// wanted.
+async fn join_in_passes<B: JoinBackend>(
+    mut partition: Partition<'_, B>,
+    passes: &Arc<BuildPasses<B>>,
+    output: &mut OutputSender<'_>,
+) -> Result<bool> {
+    let inputs = partition.inputs;
+    let reservation =
+        MemoryConsumer::new(format!("GpuJoinProbePasses[{}]", inputs.partition)).register(inputs.context.memory_pool());
+    let mut pieces: Vec<Vec<RecordBatch>> = vec![vec![]; passes.count()];
+    let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
+    let probe_keys = &partition.runner.definition.probe_keys;
+    while let Some(batch) = probe.next().await {
+        let batch = batch?;
+        inputs.metrics.probe_rows.add(batch.num_rows());
+        for (pass, piece) in split_by_pass(&batch, probe_keys, passes.count())?.into_iter().enumerate() {
+            if piece.num_rows() > 0 {
+                reservation.try_grow(held_bytes(&piece))?;
+                pieces[pass].push(piece);
+            }
+        }
+    }
+    let mut remaining: BTreeSet<usize> = (0..pieces.len()).filter(|&pass| !pieces[pass].is_empty()).collect();
+    while let Some(pass) = passes.next_pass(&remaining) {
+        remaining.remove(&pass);
+        let batches = std::mem::take(&mut pieces[pass]);
+        // The loader accounts for the batches from here on.
+        reservation.shrink(batches.iter().map(held_bytes).sum());
+        partition.build = BuildSource::Pass(Arc::clone(passes), pass);
+        let probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
+        if !join_probe_side(&partition, probe, output).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Stages, encodes and uploads probe chunks, one ahead of the joiner.
-async fn load_chunks<B: JoinBackend>(partition: &Partition<'_, B>, chunk_tx: Sender<Chunk<B>>) -> Result<()> {
+async fn load_chunks<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    mut probe: BoxStream<'_, Result<RecordBatch>>,
+    chunk_tx: Sender<Chunk<B>>,
+) -> Result<()> {
     let inputs = partition.inputs;
     let backend = partition.open_backend()?;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinProbe[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let chunk_rows = partition.options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS);
     let mut staging = ProbeStaging::new(inputs.right.schema(), chunk_rows);
-    let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
     let mut input_done = false;
     while !input_done {
         let chunks = match probe.next().await {
             Some(batch) => {
                 let batch = batch?;
-                inputs.metrics.probe_rows.add(batch.num_rows());
-                reservation.try_grow(batch.get_array_memory_size())?;
+                reservation.try_grow(held_bytes(&batch))?;
                 staging.push(batch)
             }
             None => {
@@ -172,8 +280,9 @@ async fn load_chunks<B: JoinBackend>(partition: &Partition<'_, B>, chunk_tx: Sen
             let build = partition.build().await?;
             let permit = partition.runner.admission().shared(partition.options.concurrent_tasks).await?;
             let loaded = load_chunk(partition, &backend, &build, chunk).await?;
-            // Not held while the joiner is busy: it may need the device alone.
-            drop(permit);
+            // Neither is held while the joiner is busy: it may need the
+            // device alone, or another pass of the build side.
+            drop((permit, build));
             reservation.resize(0);
             if chunk_tx.send(loaded).await.is_err() {
                 // The joiner has stopped: fetch reached, cancelled, or failed.
@@ -213,14 +322,14 @@ async fn load_chunk<B: JoinBackend>(
 async fn join_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
     mut chunk_rx: Receiver<Chunk<B>>,
-    tx: &Sender<Result<RecordBatch>>,
+    output: &mut OutputSender<'_>,
 ) -> Result<bool> {
     let backend = partition.open_backend()?;
-    let mut output = OutputSender::new(tx, partition.inputs);
     let mut previous: Vec<RecordBatch> = vec![];
     while let Some(chunk) = chunk_rx.recv().await {
-        let build = partition.build().await?;
-        let joined = join_chunk(partition, &backend, &build, chunk);
+        // The build side is let go as soon as the chunk is joined, not
+        // held while the output waits for its consumer.
+        let joined = async { join_chunk(partition, &backend, &partition.build().await?, chunk).await };
         let (joined, sent) = futures::join!(joined, output.send_all(std::mem::take(&mut previous)));
         if !sent {
             return Ok(false);

@@ -66,6 +66,11 @@ impl JoinBackend for CpuBackend {
         CPU_PARTITION_TARGET_ROWS
     }
 
+    /// Host memory is DataFusion's to bound, through its memory pool.
+    fn memory_budget(&self) -> Option<u64> {
+        None
+    }
+
     fn upload<T: Element>(&self, host: &[T]) -> Result<Vec<T>> {
         self.counters.check_cancelled("an upload")?;
         self.counters.check_injected_failure(size_of_val(host) as u64, "an upload")?;

@@ -151,6 +151,10 @@ impl JoinBackend for CudaBackend {
         PARTITION_TARGET_ROWS
     }
 
+    fn memory_budget(&self) -> Option<u64> {
+        Some(self.instance.device.budget.limit())
+    }
+
     fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
         DeviceBuffer::upload(&self.instance, host, "a vector")
     }
