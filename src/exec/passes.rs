@@ -28,7 +28,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
 use tokio::sync::OnceCell;
 
-use super::runner::PreparedBuild;
+use crate::algorithms::BuildSide;
 use crate::backend::JoinBackend;
 
 /// Not the key encoder's seed: rows of one pass must still spread over
@@ -87,7 +87,7 @@ pub(crate) fn split_by_pass(batch: &RecordBatch, keys: &[PhysicalExprRef], passe
     Ok(starts.windows(2).map(|w| ordered.slice(w[0], w[1] - w[0])).collect())
 }
 
-type SharedPass<B> = std::result::Result<Arc<PreparedBuild<B>>, Arc<DataFusionError>>;
+type SharedPass<B> = std::result::Result<Arc<BuildSide<B>>, Arc<DataFusionError>>;
 
 /// Where a pass is (or is being) prepared; partitions asking at once share it.
 type PassCell<B> = Arc<OnceCell<SharedPass<B>>>;
@@ -120,10 +120,10 @@ impl<B: JoinBackend> BuildPasses<B> {
     /// Pass `pass` on the device, prepared by `prepare` from its build rows
     /// if it is not there. Waits while the device holds as many passes as
     /// it may and jobs hold all of them.
-    pub async fn acquire<F, Fut>(&self, pass: usize, prepare: F) -> Result<Arc<PreparedBuild<B>>>
+    pub async fn acquire<F, Fut>(&self, pass: usize, prepare: F) -> Result<Arc<BuildSide<B>>>
     where
         F: FnOnce(RecordBatch) -> Fut,
-        Fut: Future<Output = Result<Arc<PreparedBuild<B>>>>,
+        Fut: Future<Output = Result<BuildSide<B>>>,
     {
         let piece = self
             .pieces
@@ -136,7 +136,8 @@ impl<B: JoinBackend> BuildPasses<B> {
             }
             tokio::time::sleep(PASS_RECHECK).await;
         };
-        let prepared = cell.get_or_init(|| async { prepare(piece).await.map_err(Arc::new) }).await.clone();
+        let prepared =
+            cell.get_or_init(|| async { prepare(piece).await.map(Arc::new).map_err(Arc::new) }).await.clone();
         if prepared.is_err() {
             self.evict(pass);
         }

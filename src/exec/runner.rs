@@ -67,16 +67,10 @@ pub(crate) fn runner_for(
     }
 }
 
-/// A build side together with the host memory it holds in DataFusion's pool.
-pub(crate) struct PreparedBuild<B: JoinBackend> {
-    pub side: BuildSide<B>,
-    _reservation: MemoryReservation,
-}
-
 /// What a build side became once collected.
 pub(crate) enum CollectedBuild<B: JoinBackend> {
     /// Prepared on the device in one piece.
-    Whole(Arc<PreparedBuild<B>>),
+    Whole { side: Arc<BuildSide<B>>, _reservation: MemoryReservation },
     /// Split into passes, each prepared when partitions need it.
     Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
     /// Too large for the device, for a join that cannot be split: DataFusion's
@@ -245,10 +239,7 @@ impl<B: JoinBackend> Runner<B> {
         if passes == 1 {
             match self.prepare_admitted(backend, inputs, options, batch.clone()).await {
                 Ok(side) => {
-                    return Ok(Arc::new(CollectedBuild::Whole(Arc::new(PreparedBuild {
-                        side,
-                        _reservation: reservation,
-                    }))));
+                    return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
                 }
                 Err(e) if is_out_of_memory(&e) => {
                     log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");
@@ -274,23 +265,10 @@ impl<B: JoinBackend> Runner<B> {
         Ok(Arc::new(CollectedBuild::Passes { passes: Arc::new(BuildPasses::new(pieces)), _reservation: reservation }))
     }
 
-    /// One pass of a build side, prepared on the device.
-    pub async fn prepare_pass(
-        &self,
-        backend: &B,
-        inputs: &PartitionInputs,
-        options: &GpuJoinConfig,
-        piece: RecordBatch,
-    ) -> Result<Arc<PreparedBuild<B>>> {
-        // The piece's host memory is the whole build side's, accounted once.
-        let reservation = MemoryConsumer::new("GpuJoinBuildPass").register(inputs.context.memory_pool());
-        let side = self.prepare_admitted(backend, inputs, options, piece).await?;
-        Ok(Arc::new(PreparedBuild { side, _reservation: reservation }))
-    }
-
-    /// Prepares a build side under the device's admission; one that runs
-    /// out of memory is prepared again, alone on the device.
-    async fn prepare_admitted(
+    /// Prepares a build side (or one pass of it) under the device's
+    /// admission; one that runs out of memory is prepared again, alone on
+    /// the device. Its host memory is accounted by whoever collected it.
+    pub async fn prepare_admitted(
         &self,
         backend: &B,
         inputs: &PartitionInputs,

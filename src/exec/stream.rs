@@ -18,9 +18,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{exec_datafusion_err, internal_err};
+use datafusion::common::exec_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::RecordOutput;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -28,9 +29,9 @@ use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::fallback::join_chunk_on_cpu;
 use super::passes::{BuildPasses, split_by_pass};
-use super::runner::{CollectedBuild, PartitionInputs, PreparedBuild, Runner};
+use super::runner::{CollectedBuild, PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
-use crate::algorithms::{LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
+use crate::algorithms::{BuildSide, LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
@@ -74,17 +75,7 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     counters.inject_allocation_failures(options.inject_allocation_failures);
     let _cancel = (CancelOnDrop(Arc::clone(&counters)), CancelOnDrop(Arc::clone(&build_counters)));
     let result = match runner.open_backend(Arc::clone(&build_counters)) {
-        Ok(build_backend) => {
-            let partition = Partition {
-                runner: &runner,
-                build: BuildSource::Pending,
-                build_backend,
-                inputs: &inputs,
-                options: &options,
-                counters: &counters,
-            };
-            join_partition(partition, &tx).await
-        }
+        Ok(build_backend) => join_partition(&runner, build_backend, &inputs, &options, &counters, &tx).await,
         Err(e) => Err(e),
     };
     inputs.metrics.record_device(&counters);
@@ -95,9 +86,7 @@ pub(crate) async fn run_partition<B: JoinBackend>(
 
 /// Where a partition's jobs take the build side from.
 enum BuildSource<B: JoinBackend> {
-    /// Not collected yet.
-    Pending,
-    Whole(Arc<PreparedBuild<B>>),
+    Whole(Arc<BuildSide<B>>),
     /// One pass of a split build side, taken for one job at a time.
     Pass(Arc<BuildPasses<B>>, usize),
 }
@@ -117,14 +106,14 @@ struct Partition<'a, B: JoinBackend> {
 
 impl<B: JoinBackend> Partition<'_, B> {
     /// The build side for one job; a job holds it no longer than it runs.
-    async fn build(&self) -> Result<Arc<PreparedBuild<B>>> {
+    async fn build(&self) -> Result<Arc<BuildSide<B>>> {
         match &self.build {
             BuildSource::Whole(build) => Ok(Arc::clone(build)),
             BuildSource::Pass(passes, pass) => {
-                let prepare = |piece| self.runner.prepare_pass(&self.build_backend, self.inputs, self.options, piece);
+                let prepare =
+                    |piece| self.runner.prepare_admitted(&self.build_backend, self.inputs, self.options, piece);
                 passes.acquire(*pass, prepare).await
             }
-            BuildSource::Pending => internal_err!("GPU join: a probe chunk was joined before the build side"),
         }
     }
 
@@ -141,26 +130,38 @@ enum Chunk<B: JoinBackend> {
 }
 
 async fn join_partition<B: JoinBackend>(
-    mut partition: Partition<'_, B>,
+    runner: &Arc<Runner<B>>,
+    build_backend: B,
+    inputs: &PartitionInputs,
+    options: &GpuJoinConfig,
+    counters: &Arc<DeviceCounters>,
     tx: &Sender<Result<RecordBatch>>,
 ) -> Result<()> {
-    let (runner, inputs, options, counters) =
-        (partition.runner, partition.inputs, partition.options, partition.counters);
     let cell = runner.build_cell(inputs.mode)?;
-    let collected = runner.collected_build(&cell, &partition.build_backend, inputs, partition.options).await?;
+    let collected = runner.collected_build(&cell, &build_backend, inputs, options).await?;
     let mut output = OutputSender::new(tx, inputs);
+    let partition =
+        |build| Partition { runner, build, build_backend: build_backend.clone(), inputs, options, counters };
     let finished = match collected.as_ref() {
-        CollectedBuild::Whole(build) => {
-            partition.build = BuildSource::Whole(Arc::clone(build));
+        CollectedBuild::Whole { side, .. } => {
             let rows = inputs.metrics.probe_rows.clone();
             let probe = inputs
                 .right
                 .execute(inputs.partition, Arc::clone(&inputs.context))?
                 .inspect_ok(move |batch| rows.add(batch.num_rows()))
                 .boxed();
-            join_probe_side(&partition, probe, &mut output).await?
+            join_probe_side(&partition(BuildSource::Whole(Arc::clone(side))), probe, &mut output).await?
         }
-        CollectedBuild::Passes { passes, .. } => join_in_passes(partition, passes, &mut output).await?,
+        CollectedBuild::Passes { passes, .. } => {
+            join_in_passes(
+                inputs,
+                &runner.definition.probe_keys,
+                passes,
+                |pass| partition(BuildSource::Pass(Arc::clone(passes), pass)),
+                &mut output,
+            )
+            .await?
+        }
         CollectedBuild::OnCpu { join, .. } => {
             let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
             let mut wanted = true;
@@ -174,7 +175,7 @@ async fn join_partition<B: JoinBackend>(
         return Ok(());
     }
     let last = runner.finish_probe(inputs.mode);
-    if let (CollectedBuild::Whole(build), true) = (collected.as_ref(), last) {
+    if let (CollectedBuild::Whole { side: build, .. }, true) = (collected.as_ref(), last) {
         if !runner.definition.tracks_visited_build_rows() {
             return Ok(());
         }
@@ -183,10 +184,9 @@ async fn join_partition<B: JoinBackend>(
             (Arc::clone(build), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
         let _permit = runner.admission().shared(options.concurrent_tasks).await?;
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-        let rows = run_blocking("emitting build-side rows", move || {
-            finish_build_side(&backend, &definition, &build.side, &timers)
-        })
-        .await?;
+        let rows =
+            run_blocking("emitting build-side rows", move || finish_build_side(&backend, &definition, &build, &timers))
+                .await?;
         if let Some(rows) = rows {
             output.send(rows).await;
         }
@@ -215,17 +215,17 @@ async fn join_probe_side<B: JoinBackend>(
 /// Holds the probe side on the host split by pass, then joins it pass by
 /// pass, a pass already on the device first. False when no more output is
 /// wanted.
-async fn join_in_passes<B: JoinBackend>(
-    mut partition: Partition<'_, B>,
-    passes: &Arc<BuildPasses<B>>,
+async fn join_in_passes<'a, B: JoinBackend>(
+    inputs: &PartitionInputs,
+    probe_keys: &[PhysicalExprRef],
+    passes: &BuildPasses<B>,
+    partition: impl Fn(usize) -> Partition<'a, B>,
     output: &mut OutputSender<'_>,
 ) -> Result<bool> {
-    let inputs = partition.inputs;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinProbePasses[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let mut pieces: Vec<Vec<RecordBatch>> = vec![vec![]; passes.count()];
     let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
-    let probe_keys = &partition.runner.definition.probe_keys;
     while let Some(batch) = probe.next().await {
         let batch = batch?;
         inputs.metrics.probe_rows.add(batch.num_rows());
@@ -242,9 +242,8 @@ async fn join_in_passes<B: JoinBackend>(
         let batches = std::mem::take(&mut pieces[pass]);
         // The loader accounts for the batches from here on.
         reservation.shrink(batches.iter().map(held_bytes).sum());
-        partition.build = BuildSource::Pass(Arc::clone(passes), pass);
         let probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
-        if !join_probe_side(&partition, probe, output).await? {
+        if !join_probe_side(&partition(pass), probe, output).await? {
             return Ok(false);
         }
     }
@@ -298,7 +297,7 @@ async fn load_chunks<B: JoinBackend>(
 async fn load_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
-    build: &Arc<PreparedBuild<B>>,
+    build: &Arc<BuildSide<B>>,
     chunk: StagedChunk,
 ) -> Result<Chunk<B>> {
     let inputs = partition.inputs;
@@ -308,7 +307,7 @@ async fn load_chunk<B: JoinBackend>(
     let build = Arc::clone(build);
     run_blocking("loading a probe chunk", move || {
         let batch = chunk.into_batch()?;
-        match load_probe_chunk(&backend, &definition, &build.side, batch.clone(), &timers) {
+        match load_probe_chunk(&backend, &definition, &build, batch.clone(), &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(batch, e)),
             Err(e) => Err(e),
@@ -345,7 +344,7 @@ async fn join_chunks<B: JoinBackend>(
 async fn join_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
-    build: &Arc<PreparedBuild<B>>,
+    build: &Arc<BuildSide<B>>,
     chunk: Chunk<B>,
 ) -> Result<Vec<RecordBatch>> {
     let runner = partition.runner;
@@ -381,7 +380,7 @@ async fn join_chunk<B: JoinBackend>(
         let rows = piece.num_rows();
         if rows <= SMALLEST_RETRY_ROWS {
             let context = Arc::clone(&partition.inputs.context);
-            let host_build = build.side.batch();
+            let host_build = build.batch();
             output
                 .extend(join_chunk_on_cpu(&runner.twin, &runner.definition, host_build, piece, context, error).await?);
         } else {
@@ -396,7 +395,7 @@ async fn join_chunk<B: JoinBackend>(
 async fn join_exclusively<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
-    build: &Arc<PreparedBuild<B>>,
+    build: &Arc<BuildSide<B>>,
     piece: RecordBatch,
 ) -> Result<RecordBatch> {
     match load_chunk(partition, backend, build, StagedChunk::whole(piece)).await? {
@@ -408,7 +407,7 @@ async fn join_exclusively<B: JoinBackend>(
 async fn join_loaded<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
-    build: &Arc<PreparedBuild<B>>,
+    build: &Arc<BuildSide<B>>,
     loaded: LoadedChunk<B>,
 ) -> Result<RecordBatch> {
     let inputs = partition.inputs;
@@ -416,7 +415,7 @@ async fn join_loaded<B: JoinBackend>(
         (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build.side, loaded, &timers))
+    run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build, loaded, &timers))
         .await
 }
 
