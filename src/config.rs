@@ -211,6 +211,11 @@ extensions_options! {
         /// Most build rows joined in one pass; a larger build side is split
         /// by key hash into passes. 0 sizes passes from the device budget.
         pub build_pass_rows: usize, default = 0
+        /// Most bytes of page-locked host memory the join keeps for data
+        /// on its way to and from the device (probe chunks, build sides,
+        /// output columns), taken as needed and reused. Beyond it, and at
+        /// 0, data goes through small staging buffers and fresh memory.
+        pub pinned_pool_bytes: usize, default = 8 << 30
         /// Probe rows gathered into one chunk before it is joined.
         pub probe_chunk_rows: usize, default = 1 << 22
         /// When matches keep the probe side's row order: auto, always or required.

@@ -1,6 +1,6 @@
 //! The operator under load and under failure: concurrent queries on one
 //! device, cancellation, allocation failures, build sides joined in passes,
-//! and outputs beyond 2^31 rows.
+//! outputs beyond 2^31 rows, and pinned memory from plenty to none.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -220,4 +220,38 @@ async fn outputs_beyond_two_to_the_31_rows() {
     let count = batches[0].column(0).as_any().downcast_ref::<arrow::array::Int64Array>().expect("a count").value(0);
     assert_eq!(count, 65536 * 32769);
     assert!(count > 1 << 31);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pinned_memory_of_any_size_gives_the_same_rows() {
+    // Columns of several MiB: probe chunks, the build side and outputs are
+    // assembled in and downloaded into pinned blocks while the pool has
+    // room, and through staging buffers once it is spent or off.
+    let tables = [
+        "create table r as select case when i % 101 = 0 then null else (i * 7) % 500000 end as k, i as p \
+         from generate_series(1, 600000) t(i)",
+        "create table s as select (i * 13) % 700000 as k, i % 1000 as q from generate_series(1, 2000000) t(i)",
+    ];
+    let queries = [
+        "select count(*), sum(p), sum(q), sum(p * q) from r join s on r.k = s.k",
+        "select count(*), sum(p), count(q) from r full join s on r.k = s.k",
+        "select count(*), sum(q) from r right join s on r.k = s.k and p % 3 = q % 3",
+    ];
+    let reference = datafusion_context(config());
+    for table in tables {
+        run(&reference, table).await;
+    }
+    // Room for everything, for a few blocks, and none.
+    for pool in [8usize << 30, 16 << 20, 0] {
+        let ctx = gpu_context(config());
+        run(&ctx, "set gpu_join.probe_chunk_rows = 524288").await;
+        run(&ctx, &format!("set gpu_join.pinned_pool_bytes = {pool}")).await;
+        for table in tables {
+            run(&ctx, table).await;
+        }
+        for query in queries {
+            let expected = sorted_rows(&run(&reference, query).await);
+            assert_eq!(sorted_rows(&run(&ctx, query).await), expected, "{query} with a {pool}-byte pinned pool");
+        }
+    }
 }

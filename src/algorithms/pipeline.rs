@@ -17,7 +17,7 @@ use super::semantics::{ProbeSummary, build_side_rows, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
 use super::{JoinDefinition, Strategy};
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
-use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
+use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey};
 
 /// Where the time of a join goes, phase by phase.
 #[derive(Debug, Clone, Default)]
@@ -125,21 +125,13 @@ pub fn prepare_build_side<B: JoinBackend>(
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let relation = match encoder.encode(&keys)? {
-        NormalizedKeys::U32(k) => KeyedRelation::U32(transform_build(
-            backend,
-            strategy.algorithm,
-            &backend.upload(&k)?,
-            &payloads,
-            with_row_ids,
-        )?),
-        NormalizedKeys::U64(k) => KeyedRelation::U64(transform_build(
-            backend,
-            strategy.algorithm,
-            &backend.upload(&k)?,
-            &payloads,
-            with_row_ids,
-        )?),
+    let relation = match upload_keys(backend, &encoder, &keys)? {
+        KeyedVector::U32(k) => {
+            KeyedRelation::U32(transform_build(backend, strategy.algorithm, &k, &payloads, with_row_ids)?)
+        }
+        KeyedVector::U64(k) => {
+            KeyedRelation::U64(transform_build(backend, strategy.algorithm, &k, &payloads, with_row_ids)?)
+        }
     };
     let visited = match definition.tracks_visited_build_rows() {
         true => Some(backend.new_flags(batch.num_rows())?),
@@ -164,6 +156,16 @@ pub fn prepare_build_side<B: JoinBackend>(
 enum KeyedVector<B: JoinBackend> {
     U32(B::Vector<u32>),
     U64(B::Vector<u64>),
+}
+
+/// The normalised keys of one side, encoded straight into the memory their
+/// upload reads.
+fn upload_keys<B: JoinBackend>(backend: &B, encoder: &KeyEncoder, keys: &[ArrayRef]) -> Result<KeyedVector<B>> {
+    let rows = keys.first().map_or(0, |k| k.len());
+    Ok(match encoder.key_bits() {
+        32 => KeyedVector::U32(backend.upload_with(rows, &|first, out| encoder.encode_rows(keys, first, out))?),
+        _ => KeyedVector::U64(backend.upload_with(rows, &|first, out| encoder.encode_rows(keys, first, out))?),
+    })
 }
 
 /// A probe chunk moved to the backend: keys encoded as the build side's and
@@ -229,11 +231,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
             return Ok(chunk);
         }
     }
-    chunk.keys = Some(match (&build.relation, build.encoder.encode(&chunk.key_arrays)?) {
-        (KeyedRelation::U32(_), NormalizedKeys::U32(k)) => KeyedVector::U32(backend.upload(&k)?),
-        (KeyedRelation::U64(_), NormalizedKeys::U64(k)) => KeyedVector::U64(backend.upload(&k)?),
-        _ => return internal_err!("probe keys were encoded in another width than the build keys"),
-    });
+    chunk.keys = Some(upload_keys(backend, &build.encoder, &chunk.key_arrays)?);
     let PlacedColumns { placements, to_transform } =
         place_columns(backend, &chunk.batch, &definition.probe_output_columns(), space)?;
     chunk.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);

@@ -76,6 +76,20 @@ impl Element for u8 {}
 impl Element for u32 {}
 impl Element for u64 {}
 
+/// Writes the host values of elements `first..first + out.len()` of an
+/// upload into `out`; called for pieces of the upload in parallel.
+pub type Fill<'a, T> = &'a (dyn Fn(usize, &mut [T]) -> Result<()> + Sync);
+
+/// Host memory that a backend moves to and from its own without a copy
+/// through staging buffers (pinned memory on a GPU).
+pub trait TransferMemory: Send {
+    /// The first `len` bytes, to be written.
+    fn bytes_mut(&mut self, len: usize) -> Result<&mut [u8]>;
+    /// The first `len` bytes as an Arrow buffer, which keeps the memory
+    /// until it is dropped.
+    fn into_buffer(self: Box<Self>, len: usize) -> Result<arrow::buffer::Buffer>;
+}
+
 /// A position that denotes "no row": the padding side of an outer join row.
 pub const NULL_POSITION: u32 = u32::MAX;
 
@@ -225,9 +239,23 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn memory_budget(&self) -> Option<u64>;
 
     // ---- moving data ----
-    fn upload<T: Element>(&self, host: &[T]) -> Result<Self::Vector<T>>;
+    fn upload<T: Element>(&self, host: &[T]) -> Result<Self::Vector<T>> {
+        self.upload_with(host.len(), &|first, out| {
+            out.copy_from_slice(&host[first..first + out.len()]);
+            Ok(())
+        })
+    }
+    /// `len` elements that `fill` writes straight into the memory the
+    /// transfer reads, so that values made on the host (encoded keys) are
+    /// not copied again on their way.
+    fn upload_with<T: Element>(&self, len: usize, fill: Fill<'_, T>) -> Result<Self::Vector<T>>;
     fn download<T: Element>(&self, vector: &Self::Vector<T>) -> Result<Vec<T>>;
     fn len<T: Element>(&self, vector: &Self::Vector<T>) -> usize;
+    /// `bytes` bytes of host memory that this backend moves without a
+    /// staging copy, for host data bound for it (probe chunks and build
+    /// sides assembled from DataFusion's batches), when it has them to
+    /// spare; `None` where backend memory is host memory.
+    fn transfer_memory(&self, bytes: usize) -> Option<Box<dyn TransferMemory>>;
     /// Whether columns of this type can live in backend memory; other columns
     /// are gathered on the host from row ids.
     fn holds_column(&self, data_type: &DataType) -> bool;

@@ -227,9 +227,11 @@ impl<B: JoinBackend> Runner<B> {
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let (schema, collected) = (inputs.left.schema(), batches);
-        let batch =
-            run_blocking("collecting the build side", move || concat_in_parallel(&schema, &collected, rows)).await?;
+        let (schema, collected, assembler) = (inputs.left.schema(), batches, backend.clone());
+        let batch = run_blocking("collecting the build side", move || {
+            concat_in_parallel(&assembler, &schema, &collected, rows)
+        })
+        .await?;
         inputs.metrics.build_rows.add(batch.num_rows());
         timer.done();
 

@@ -1,6 +1,7 @@
 //! Host-side staging: DataFusion's small probe batches become large chunks,
 //! concatenated in parallel (columns, and pieces of each column, on rayon's
-//! threads) rather than on the core that polls the input.
+//! threads) rather than on the core that polls the input, into memory the
+//! backend moves without another copy when it has some to spare.
 
 use std::sync::Arc;
 
@@ -11,6 +12,8 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 use rayon::prelude::*;
+
+use crate::backend::JoinBackend;
 
 /// The batches of one probe chunk, not yet concatenated: the copy runs in
 /// the chunk's load job, off the async workers.
@@ -26,9 +29,10 @@ impl StagedChunk {
         Self { schema: batch.schema(), rows: batch.num_rows(), batches: vec![batch] }
     }
 
-    /// The chunk as one batch; copies unless it already is one.
-    pub fn into_batch(self) -> Result<RecordBatch> {
-        concat_in_parallel(&self.schema, &self.batches, self.rows)
+    /// The chunk as one batch, assembled for `backend`; copies unless it
+    /// already is one.
+    pub fn into_batch<B: JoinBackend>(self, backend: &B) -> Result<RecordBatch> {
+        concat_in_parallel(backend, &self.schema, &self.batches, self.rows)
     }
 }
 
@@ -88,8 +92,13 @@ pub(super) fn held_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
-/// `batches` as one batch of `rows` rows.
-pub(crate) fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<RecordBatch> {
+/// `batches` as one batch of `rows` rows, bound for `backend`.
+pub(crate) fn concat_in_parallel<B: JoinBackend>(
+    backend: &B,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    rows: usize,
+) -> Result<RecordBatch> {
     match batches {
         [] => return Ok(RecordBatch::new_empty(Arc::clone(schema))),
         [batch] => return Ok(batch.clone()),
@@ -99,7 +108,7 @@ pub(crate) fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch], ro
         .into_par_iter()
         .map(|i| {
             let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
-            concat_column(&arrays, rows)
+            concat_column(backend, &arrays, rows)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new_with_options(
@@ -110,16 +119,26 @@ pub(crate) fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch], ro
 }
 
 /// One column of a chunk: fixed-width columns without nulls are copied
-/// into place piece by piece in parallel; others go through arrow's concat.
-fn concat_column(arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
+/// into place piece by piece in parallel, into the backend's transfer
+/// memory when it has some; others go through arrow's concat.
+fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
     let data_type = arrays[0].data_type();
     let width = match data_type.primitive_width() {
         Some(w) if data_type.is_primitive() && arrays.iter().all(|a| a.null_count() == 0) => w,
         _ => return Ok(concat(arrays)?),
     };
-    let mut buffer = MutableBuffer::from_len_zeroed(rows * width);
+    let bytes = rows * width;
+    let mut memory = backend.transfer_memory(bytes);
+    let mut fresh = MutableBuffer::new(0);
+    let target = match memory.as_mut() {
+        Some(memory) => memory.bytes_mut(bytes)?,
+        None => {
+            fresh = MutableBuffer::from_len_zeroed(bytes);
+            fresh.as_slice_mut()
+        }
+    };
     let mut pieces = Vec::with_capacity(arrays.len());
-    let mut rest = buffer.as_slice_mut();
+    let mut rest = target;
     for array in arrays {
         let (piece, tail) = rest.split_at_mut(array.len() * width);
         pieces.push((piece, array.to_data()));
@@ -129,6 +148,10 @@ fn concat_column(arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
         let start = data.offset() * width;
         piece.copy_from_slice(&data.buffers()[0].as_slice()[start..start + piece.len()]);
     });
-    let data = ArrayData::builder(data_type.clone()).len(rows).add_buffer(buffer.into()).build()?;
+    let buffer = match memory {
+        Some(memory) => memory.into_buffer(bytes)?,
+        None => fresh.into(),
+    };
+    let data = ArrayData::builder(data_type.clone()).len(rows).add_buffer(buffer).build()?;
     Ok(make_array(data))
 }

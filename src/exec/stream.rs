@@ -306,7 +306,7 @@ async fn load_chunk<B: JoinBackend>(
         (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     run_blocking("loading a probe chunk", move || {
-        let batch = chunk.into_batch()?;
+        let batch = chunk.into_batch(&backend)?;
         match load_probe_chunk(&backend, &definition, &build, batch.clone(), &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(batch, e)),

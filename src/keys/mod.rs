@@ -147,18 +147,39 @@ impl KeyEncoder {
         }
     }
 
-    /// Encodes the key columns of one side (build or probe).
+    /// Encodes the key columns of one side (build or probe), in parallel
+    /// pieces.
     pub fn encode(&self, keys: &[ArrayRef]) -> Result<NormalizedKeys> {
         let rows = keys.first().map_or(0, |k| k.len());
+        fn encoded<K: NormalizedKey>(encoder: &KeyEncoder, keys: &[ArrayRef], rows: usize) -> Result<Vec<K>> {
+            let mut out = vec![K::default(); rows];
+            out.par_chunks_mut(PARALLEL_ROWS)
+                .enumerate()
+                .try_for_each(|(i, piece)| encoder.encode_rows(keys, i * PARALLEL_ROWS, piece))?;
+            Ok(out)
+        }
+        Ok(match self.key_bits() {
+            32 => NormalizedKeys::U32(encoded(self, keys, rows)?),
+            _ => NormalizedKeys::U64(encoded(self, keys, rows)?),
+        })
+    }
+
+    /// Encodes rows `first..first + out.len()` of the key columns of one
+    /// side into `out`, whose width must be the encoder's `key_bits`.
+    pub fn encode_rows<K: NormalizedKey>(&self, keys: &[ArrayRef], first: usize, out: &mut [K]) -> Result<()> {
+        if K::BITS != self.key_bits() {
+            return internal_err!("keys of {} bits asked of a {}-bit encoding", K::BITS, self.key_bits());
+        }
+        let piece: Vec<ArrayRef> = keys.iter().map(|k| k.slice(first, out.len())).collect();
         match &self.scheme {
-            Scheme::Packed(layout) => layout.encode(keys, rows, self.null_equality),
+            Scheme::Packed(layout) => layout.encode_rows(&piece, out, self.null_equality),
             Scheme::Hashed => {
-                let mut hashes = vec![0u64; rows];
-                hashes.par_chunks_mut(PARALLEL_ROWS).enumerate().try_for_each(|(i, hashes)| {
-                    let piece: Vec<ArrayRef> = keys.iter().map(|k| k.slice(i * PARALLEL_ROWS, hashes.len())).collect();
-                    self.hash_piece(&piece, hashes)
-                })?;
-                Ok(NormalizedKeys::U64(hashes))
+                let mut hashes = vec![0u64; out.len()];
+                self.hash_piece(&piece, &mut hashes)?;
+                for (o, h) in out.iter_mut().zip(hashes) {
+                    *o = K::from_u64(h);
+                }
+                Ok(())
             }
         }
     }

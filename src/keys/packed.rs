@@ -12,7 +12,7 @@ use datafusion::common::{NullEquality, internal_err};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use super::NormalizedKeys;
+use super::NormalizedKey;
 
 /// Widest packed key; one code above it stays free for the unmatchable key.
 const MAX_PACKED_BITS: u32 = 63;
@@ -216,92 +216,63 @@ impl PackedLayout {
         self.total_bits <= MAX_U32_BITS
     }
 
-    /// Packs the key columns of `rows` rows into `codes` (one per row);
-    /// rows that cannot match get `u64::MAX`.
-    pub(super) fn encode_into(&self, keys: &[ArrayRef], codes: &mut [u64], null_equality: NullEquality) -> Result<()> {
+    /// Packs the key columns into `out`, one key per row for as many rows
+    /// as `out` holds; rows that cannot match get the unmatchable key.
+    pub(super) fn encode_rows<K: NormalizedKey>(
+        &self,
+        keys: &[ArrayRef],
+        out: &mut [K],
+        null_equality: NullEquality,
+    ) -> Result<()> {
         debug_assert_eq!(null_equality == NullEquality::NullEqualsNull, self.columns.iter().all(|c| c.null_slot));
         if let ([column], [key]) = (self.columns.as_slice(), keys)
             && key.null_count() == 0
-            && key.data_type() != &DataType::Boolean
+            && !matches!(key.data_type(), DataType::Boolean | DataType::Decimal128(..))
         {
-            return column.encode_single(key.as_ref(), codes);
+            return column.encode_single(key.as_ref(), out);
         }
-        codes.fill(0);
+        let mut codes = vec![0u64; out.len()];
         for (column, key) in self.columns.iter().zip(keys) {
             if key.data_type() == &DataType::Boolean {
                 let typed = key.as_boolean();
-                column.append(codes, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
+                column.append(&mut codes, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
             } else {
                 with_integer_array!(
                     key.as_ref(),
-                    typed => column.append(codes, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
+                    typed => column.append(&mut codes, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
                     other => return internal_err!("packed key layout got a {} column", key.data_type())
                 );
             }
         }
-        Ok(())
-    }
-
-    /// Packed keys in the narrowest width, encoded in parallel pieces.
-    pub(super) fn encode(&self, keys: &[ArrayRef], rows: usize, null_equality: NullEquality) -> Result<NormalizedKeys> {
-        let encode_piece = |start: usize, codes: &mut [u64]| {
-            let piece: Vec<ArrayRef> = keys.iter().map(|k| k.slice(start, codes.len())).collect();
-            self.encode_into(&piece, codes, null_equality)
-        };
-        if self.fits_u32() {
-            let mut out = vec![0u32; rows];
-            out.par_chunks_mut(PARALLEL_ROWS).enumerate().try_for_each(|(i, out)| {
-                let mut codes = vec![0u64; out.len()];
-                encode_piece(i * PARALLEL_ROWS, &mut codes)?;
-                for (o, c) in out.iter_mut().zip(codes) {
-                    *o = if c == u64::MAX { u32::MAX } else { c as u32 };
-                }
-                Ok::<_, datafusion::error::DataFusionError>(())
-            })?;
-            Ok(NormalizedKeys::U32(out))
-        } else {
-            let mut out = vec![0u64; rows];
-            out.par_chunks_mut(PARALLEL_ROWS)
-                .enumerate()
-                .try_for_each(|(i, codes)| encode_piece(i * PARALLEL_ROWS, codes))?;
-            Ok(NormalizedKeys::U64(out))
+        for (o, c) in out.iter_mut().zip(codes) {
+            *o = if c == u64::MAX { K::UNMATCHABLE } else { K::from_u64(c) };
         }
+        Ok(())
     }
 }
 
 impl PackedColumn {
-    /// The whole key is this one column and holds no NULL: `value - min`
-    /// in wrapping 64-bit arithmetic, where values outside the build range
-    /// land above the span (the span is below 2^63), in a loop the compiler
-    /// vectorises.
-    fn encode_single(&self, key: &dyn Array, codes: &mut [u64]) -> Result<()> {
+    /// The whole key is this one integer column (not 128-bit) and holds no
+    /// NULL: `value - min` in wrapping 64-bit arithmetic, where values
+    /// outside the build range land above the span (the span is below
+    /// 2^63), in a loop the compiler vectorises.
+    fn encode_single<K: NormalizedKey>(&self, key: &dyn Array, out: &mut [K]) -> Result<()> {
         let Some((lo, hi)) = self.range else {
-            codes.fill(u64::MAX);
+            out.fill(K::UNMATCHABLE);
             return Ok(());
         };
         let (lo, span, shift) = (lo as i64, (hi - lo) as u64, u64::from(self.null_slot));
-        if matches!(key.data_type(), DataType::Decimal128(..)) {
-            return self.encode_wide(key, codes);
-        }
         with_integer_array!(
             key,
             typed => {
-                for (code, value) in codes.iter_mut().zip(typed.values().iter()) {
+                for (code, value) in out.iter_mut().zip(typed.values().iter()) {
                     let offset = (value.to_i128() as i64).wrapping_sub(lo) as u64;
-                    *code = if offset <= span { offset + shift } else { u64::MAX };
+                    *code = if offset <= span { K::from_u64(offset + shift) } else { K::UNMATCHABLE };
                 }
                 Ok(())
             },
             other => internal_err!("packed key layout got a {} column", key.data_type())
         )
-    }
-
-    /// `encode_single` for 128-bit values, through the general path.
-    fn encode_wide(&self, key: &dyn Array, codes: &mut [u64]) -> Result<()> {
-        codes.fill(0);
-        let typed = key.as_primitive::<Decimal128Type>();
-        self.append(codes, |row| typed.is_valid(row).then(|| typed.value(row)));
-        Ok(())
     }
 
     /// Shifts this column's code into every row's key; rows that cannot

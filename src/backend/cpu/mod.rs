@@ -16,15 +16,20 @@ use arrow::compute::take;
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
+use rayon::prelude::*;
+
 use super::{
-    Admission, Candidates, DeviceCounters, Element, JoinBackend, NULL_POSITION, PartitionSpec, Space, Transformed,
-    positions_to_indices,
+    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION, PartitionSpec, Space,
+    TransferMemory, Transformed, positions_to_indices,
 };
 use crate::keys::NormalizedKey;
 
 /// Build partitions of about this many rows keep each co-partition's hash
 /// table in a core's private cache.
 const CPU_PARTITION_TARGET_ROWS: usize = 8 * 1024;
+
+/// Elements each rayon task of an upload fills.
+const FILL_PIECE: usize = 1 << 18;
 
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
@@ -71,10 +76,12 @@ impl JoinBackend for CpuBackend {
         None
     }
 
-    fn upload<T: Element>(&self, host: &[T]) -> Result<Vec<T>> {
+    fn upload_with<T: Element>(&self, len: usize, fill: Fill<'_, T>) -> Result<Vec<T>> {
         self.counters.check_cancelled("an upload")?;
-        self.counters.check_injected_failure(size_of_val(host) as u64, "an upload")?;
-        Ok(host.to_vec())
+        self.counters.check_injected_failure((len * size_of::<T>()) as u64, "an upload")?;
+        let mut values = vec![T::default(); len];
+        values.par_chunks_mut(FILL_PIECE).enumerate().try_for_each(|(i, piece)| fill(i * FILL_PIECE, piece))?;
+        Ok(values)
     }
 
     fn download<T: Element>(&self, vector: &Vec<T>) -> Result<Vec<T>> {
@@ -83,6 +90,10 @@ impl JoinBackend for CpuBackend {
 
     fn len<T: Element>(&self, vector: &Vec<T>) -> usize {
         vector.len()
+    }
+
+    fn transfer_memory(&self, _bytes: usize) -> Option<Box<dyn TransferMemory>> {
+        None
     }
 
     fn holds_column(&self, _data_type: &DataType) -> bool {

@@ -14,7 +14,8 @@ use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
 use super::CudaBackend;
-use super::memory::DeviceBuffer;
+use super::memory::{DIRECT_TRANSFER_BYTES, DeviceBuffer};
+use crate::backend::TransferMemory;
 
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
 const GATHER_ITEMS: u64 = 4;
@@ -92,10 +93,7 @@ impl CudaBackend {
         let values = if column.data_type == DataType::Boolean {
             self.pack(&column.values, column.len, what)?.into_inner()
         } else {
-            // Arrow buffers must be aligned for their values, a Vec<u8> is not.
-            let mut buffer = MutableBuffer::from_len_zeroed(column.len * column.width);
-            column.values.download_into(buffer.as_slice_mut(), what)?;
-            buffer.into()
+            self.download_values(&column.values, what)?
         };
         let nulls = match &column.validity {
             Some(validity) => {
@@ -106,6 +104,22 @@ impl CudaBackend {
         let data =
             ArrayData::builder(column.data_type.clone()).len(column.len).add_buffer(values).nulls(nulls).build()?;
         Ok(make_array(data))
+    }
+
+    /// A column's values as an Arrow buffer: downloaded into a pinned block
+    /// of the device's pool when one can be had, else through the staging
+    /// buffers into fresh memory. Small columns skip the pool: a block
+    /// would stay lent for as long as their consumer keeps them.
+    fn download_values(&self, values: &DeviceBuffer<u8>, what: &str) -> Result<Buffer> {
+        let pinned = (values.len() > DIRECT_TRANSFER_BYTES).then(|| self.instance.device.pinned.lend(values.len()));
+        if let Some(mut loan) = pinned.flatten() {
+            values.download_pinned(&mut loan, what)?;
+            return Box::new(loan).into_buffer(values.len());
+        }
+        // Arrow buffers must be aligned for their values, a Vec<u8> is not.
+        let mut buffer = MutableBuffer::from_len_zeroed(values.len());
+        values.download_into(buffer.as_slice_mut(), what)?;
+        Ok(buffer.into())
     }
 
     pub(crate) fn gather_array(

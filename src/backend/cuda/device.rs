@@ -11,6 +11,7 @@ use datafusion::common::{DataFusionError, resources_datafusion_err};
 use datafusion::error::Result;
 
 use super::kernels::Kernels;
+use super::pinned::PinnedPool;
 use crate::backend::Admission;
 use crate::config::MemoryLimit;
 
@@ -67,6 +68,8 @@ pub struct CudaDevice {
     /// Largest dynamic shared memory one block may use.
     pub(crate) max_shared_bytes: u32,
     pub(crate) staging: Mutex<Vec<super::memory::Staging>>,
+    /// Pinned blocks output columns are downloaded into.
+    pub(crate) pinned: Arc<PinnedPool>,
     pub(crate) admission: Admission,
 }
 
@@ -134,6 +137,7 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             .map_err(|e| format!("kernel {name}: preferring shared memory: {e}"))?;
         }
         Ok(CudaDevice {
+            pinned: Arc::new(PinnedPool::new(Arc::clone(&context))),
             context,
             kernels,
             budget: MemoryBudget::default(),
@@ -203,8 +207,13 @@ fn reserve_pool(context: &Arc<CudaContext>, bytes: u64) -> std::result::Result<(
 type DeviceTable = Mutex<HashMap<usize, std::result::Result<Arc<CudaDevice>, String>>>;
 
 /// The device `ordinal`, opened on first use (kernels compiled or read from
-/// the cache), with its budget set from `memory_limit`.
-pub(crate) fn device(ordinal: usize, memory_limit: MemoryLimit) -> std::result::Result<Arc<CudaDevice>, String> {
+/// the cache), with its budget set from `memory_limit` and its pinned pool
+/// limited to `pinned_bytes`.
+pub(crate) fn device(
+    ordinal: usize,
+    memory_limit: MemoryLimit,
+    pinned_bytes: u64,
+) -> std::result::Result<Arc<CudaDevice>, String> {
     static DEVICES: OnceLock<DeviceTable> = OnceLock::new();
     let table = DEVICES.get_or_init(Default::default);
     let device = {
@@ -223,6 +232,7 @@ pub(crate) fn device(ordinal: usize, memory_limit: MemoryLimit) -> std::result::
             })
             .clone()?
     };
+    device.pinned.set_limit(pinned_bytes);
     let (total, free) = device.memory_info().map_err(|e| e.to_string())?;
     if device.budget.limit() == 0 || memory_limit != MemoryLimit::Auto {
         device.budget.set_limit(memory_limit.resolve(total, free + device.budget.used()));

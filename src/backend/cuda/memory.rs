@@ -3,7 +3,9 @@
 //! Buffers come from the device's stream-ordered memory pool, within the
 //! GPU join's memory budget, and go back to it when dropped. Large
 //! transfers go through two pinned staging buffers, so that copying one
-//! chunk on the host overlaps the transfer of the other.
+//! chunk on the host overlaps the transfer of the other. Uploads are
+//! written into the staging buffers by their producer (a copy, or the key
+//! encoder), so that no host copy of their values is made on the way.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -15,12 +17,16 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::device::{CudaDevice, cuda_error};
-use crate::backend::DeviceCounters;
+use super::pinned::PinnedLoan;
+use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
 /// Transfers up to this size skip the staging buffers.
-const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
+pub(crate) const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
 /// Size of each of the two pinned staging buffers.
 const STAGING_BYTES: usize = 16 << 20;
+/// Bytes of a staging buffer each rayon task fills or empties: a multiple
+/// of every element size, so that pieces hold whole elements.
+const PIECE_BYTES: usize = 1 << 20;
 
 /// What a backend instance allocates and transfers with: its device, its
 /// stream, and the counters of the join it serves.
@@ -88,14 +94,6 @@ impl<T: Copy> DeviceBuffer<T> {
             .map_err(|e| cuda_error(&format!("clearing {what}"), e))
     }
 
-    pub(crate) fn upload(instance: &Instance, host: &[T], what: &str) -> Result<Self> {
-        let buffer = Self::alloc(instance, host.len(), what)?;
-        // SAFETY: T is a plain value type; its bytes are copied as they are.
-        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
-        upload_bytes(instance, bytes, buffer.pointer, what)?;
-        Ok(buffer)
-    }
-
     pub fn download(&self, what: &str) -> Result<Vec<T>> {
         let mut host: Vec<T> = Vec::with_capacity(self.len);
         // SAFETY: the bytes are all written by the copy before `set_len`.
@@ -117,6 +115,21 @@ impl<T: Copy> DeviceBuffer<T> {
             ));
         }
         download_bytes(&self.instance, self.pointer, host, what)
+    }
+
+    /// Copies the whole buffer into a pinned block, in one transfer.
+    pub(crate) fn download_pinned(&self, loan: &mut PinnedLoan, what: &str) -> Result<()> {
+        let bytes = self.len * size_of::<T>();
+        let host = loan.bytes_mut(bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        bind(&self.instance, what)?;
+        self.instance.counters.record_download(bytes as u64);
+        // SAFETY: the block holds `bytes` bytes and is page-locked.
+        unsafe { result::memcpy_dtoh_async(host, self.pointer, self.instance.stream.cu_stream()) }
+            .map_err(|e| cuda_error(what, e))?;
+        synchronize(&self.instance, what)
     }
 
     /// Element `index`, read back to the host.
@@ -188,6 +201,46 @@ impl<T: Copy> DeviceBuffer<T> {
     }
 }
 
+impl<T: Copy + Sync> DeviceBuffer<T> {
+    pub(crate) fn upload(instance: &Instance, host: &[T], what: &str) -> Result<Self> {
+        // SAFETY: T is a plain value type; its bytes are copied as they are.
+        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
+        if instance.device.pinned.holds(bytes) {
+            // Assembled in pinned memory: the device reads it as it is.
+            let buffer = Self::alloc(instance, host.len(), what)?;
+            bind(instance, what)?;
+            instance.counters.record_upload(bytes.len() as u64);
+            upload_direct(instance, bytes, buffer.pointer, what)?;
+            return Ok(buffer);
+        }
+        Self::upload_with(
+            instance,
+            host.len(),
+            &|first, out| {
+                out.copy_from_slice(&host[first..first + out.len()]);
+                Ok(())
+            },
+            what,
+        )
+    }
+
+    /// `len` elements whose host values `fill` writes, in parallel pieces,
+    /// straight into the memory the transfer reads.
+    pub(crate) fn upload_with(instance: &Instance, len: usize, fill: Fill<'_, T>, what: &str) -> Result<Self> {
+        let buffer = Self::alloc(instance, len, what)?;
+        let width = size_of::<T>();
+        let fill_bytes = |offset: usize, bytes: &mut [u8]| {
+            // SAFETY: pieces start at multiples of PIECE_BYTES (a multiple of
+            // the element size) in buffers aligned for any element, and every
+            // bit pattern of the bytes is overwritten by `fill`.
+            let out = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / width) };
+            fill(offset / width, out)
+        };
+        upload_bytes(instance, len * width, buffer.pointer, &fill_bytes, what)?;
+        Ok(buffer)
+    }
+}
+
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         let freed = bind(&self.instance, "freeing device memory").and_then(|_| {
@@ -243,8 +296,13 @@ impl Drop for Staging {
 }
 
 fn parallel_copy(from: &[u8], to: &mut [u8]) {
-    const PIECE: usize = 1 << 20;
-    to.par_chunks_mut(PIECE).zip(from.par_chunks(PIECE)).for_each(|(t, f)| t.copy_from_slice(f));
+    to.par_chunks_mut(PIECE_BYTES).zip(from.par_chunks(PIECE_BYTES)).for_each(|(t, f)| t.copy_from_slice(f));
+}
+
+/// Fills `bytes` in pieces on rayon's threads; piece offsets are relative
+/// to `first`, the offset of `bytes` in the whole transfer.
+fn parallel_fill(first: usize, bytes: &mut [u8], fill: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync)) -> Result<()> {
+    bytes.par_chunks_mut(PIECE_BYTES).enumerate().try_for_each(|(i, piece)| fill(first + i * PIECE_BYTES, piece))
 }
 
 fn staging_events(instance: &Instance) -> Result<[CudaEvent; 2]> {
@@ -260,29 +318,48 @@ fn synchronize(instance: &Instance, what: &str) -> Result<()> {
     instance.stream.synchronize().map_err(|e| cuda_error(what, e))
 }
 
-fn upload_bytes(instance: &Instance, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
-    if host.is_empty() {
+/// One transfer of `host` to `destination`, waited for.
+fn upload_direct(instance: &Instance, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
+    // SAFETY: the destination holds at least host.len() bytes.
+    unsafe { result::memcpy_htod_async(destination, host, instance.stream.cu_stream()) }
+        .map_err(|e| cuda_error(what, e))?;
+    synchronize(instance, what)
+}
+
+/// Uploads `len` bytes that `fill` writes to `destination`.
+fn upload_bytes(
+    instance: &Instance,
+    len: usize,
+    destination: CUdeviceptr,
+    fill: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync),
+    what: &str,
+) -> Result<()> {
+    if len == 0 {
         return Ok(());
     }
     bind(instance, what)?;
-    instance.counters.record_upload(host.len() as u64);
+    instance.counters.record_upload(len as u64);
     let stream = instance.stream.cu_stream();
-    if host.len() <= DIRECT_TRANSFER_BYTES {
-        // SAFETY: the destination holds at least host.len() bytes.
-        unsafe { result::memcpy_htod_async(destination, host, stream) }.map_err(|e| cuda_error(what, e))?;
-        return synchronize(instance, what);
+    if len <= DIRECT_TRANSFER_BYTES {
+        // Small transfers: a pageable copy costs less than the staging.
+        let mut host = vec![0u8; len + 16];
+        // Aligned for any element, as the staging buffers are.
+        let start = host.as_ptr().align_offset(16);
+        let host = &mut host[start..start + len];
+        fill(0, host)?;
+        return upload_direct(instance, host, destination, what);
     }
     let mut staging = instance.device.take_staging(instance)?;
     let events = staging_events(instance)?;
-    for (i, chunk) in host.chunks(STAGING_BYTES).enumerate() {
+    for (i, first) in (0..len).step_by(STAGING_BYTES).enumerate() {
         let b = i % 2;
         if i >= 2 {
             events[b].synchronize().map_err(|e| cuda_error(what, e))?;
         }
-        let pinned = staging.buffer(b, chunk.len());
-        parallel_copy(chunk, pinned);
+        let pinned = staging.buffer(b, len - first);
+        parallel_fill(first, pinned, fill)?;
         // SAFETY: the pinned buffer stays untouched until its event completes.
-        unsafe { result::memcpy_htod_async(destination + (i * STAGING_BYTES) as u64, &*pinned, stream) }
+        unsafe { result::memcpy_htod_async(destination + first as u64, &*pinned, stream) }
             .map_err(|e| cuda_error(what, e))?;
         events[b].record(&instance.stream).map_err(|e| cuda_error(what, e))?;
     }

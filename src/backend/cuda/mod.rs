@@ -8,6 +8,7 @@ mod device;
 mod kernels;
 mod matching;
 mod memory;
+mod pinned;
 mod transform;
 
 use std::sync::Arc;
@@ -23,7 +24,10 @@ pub use device::CudaDevice;
 pub use kernels::compile_kernels;
 pub use memory::DeviceBuffer;
 
-use super::{Admission, Candidates, DeviceCounters, Element, JoinBackend, PartitionSpec, Space, Transformed};
+use super::{
+    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, PartitionSpec, Space, TransferMemory,
+    Transformed,
+};
 use crate::config::GpuJoinConfig;
 use crate::keys::NormalizedKey;
 use memory::Instance;
@@ -51,7 +55,7 @@ pub(crate) fn probe_libraries() -> Result<(), String> {
 
 /// The session's CUDA device, opened once per process.
 pub(crate) fn open_device(options: &GpuJoinConfig) -> Result<Arc<CudaDevice>, String> {
-    device::device(options.device, options.memory_limit)
+    device::device(options.device, options.memory_limit, options.pinned_pool_bytes as u64)
 }
 
 /// A kernel argument, passed by value.
@@ -155,8 +159,8 @@ impl JoinBackend for CudaBackend {
         Some(self.instance.device.budget.limit())
     }
 
-    fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
-        DeviceBuffer::upload(&self.instance, host, "a vector")
+    fn upload_with<T: Element>(&self, len: usize, fill: Fill<'_, T>) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::upload_with(&self.instance, len, fill, "a vector")
     }
 
     fn download<T: Element>(&self, vector: &DeviceBuffer<T>) -> Result<Vec<T>> {
@@ -169,6 +173,14 @@ impl JoinBackend for CudaBackend {
 
     fn holds_column(&self, data_type: &DataType) -> bool {
         column::device_width(data_type).is_some()
+    }
+
+    fn transfer_memory(&self, bytes: usize) -> Option<Box<dyn TransferMemory>> {
+        if bytes <= memory::DIRECT_TRANSFER_BYTES {
+            return None;
+        }
+        let loan = self.instance.device.pinned.lend(bytes)?;
+        Some(Box::new(loan))
     }
 
     fn upload_column(&self, array: &ArrayRef) -> Result<CudaColumn> {
