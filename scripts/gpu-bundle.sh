@@ -14,8 +14,9 @@ trap 'rm -rf "$stage" "$messages"' EXIT
 cargo build --profile device --tests --benches --examples --message-format=json-render-diagnostics >"$messages"
 
 # The executables cargo reports for the targets that run on the GPU. Four
-# DataFusion binaries pack to more than 64 MiB: the TPC-H job comes only
-# with GPU_BUNDLE_TPCH=1.
+# DataFusion binaries pack to more than 64 MiB: with GPU_BUNDLE_TPCH=1 the
+# TPC-H job is also packed, stripped, into an archive of its own
+# (gpu-bundle/tpch/tpch.tar.xz), to be carried alone or beside the rest.
 python3 - "$messages" "$stage/bin" <<'PY'
 import json, os, shutil, sys
 wanted = {("test", "integration"), ("bench", "kernels"), ("bench", "operator")}
@@ -30,7 +31,9 @@ for line in open(sys.argv[1]):
         continue
     for kind in target.get("kind", []):
         if (kind, target["name"]) in wanted:
-            shutil.copy(message["executable"], os.path.join(sys.argv[2], target["name"]))
+            folder = sys.argv[2] if kind != "example" else sys.argv[2] + "-tpch"
+            os.makedirs(folder, exist_ok=True)
+            shutil.copy(message["executable"], os.path.join(folder, target["name"]))
             found.add((kind, target["name"]))
 missing = wanted - found
 if missing:
@@ -51,6 +54,15 @@ done
 
 rm -rf gpu-bundle
 mkdir -p gpu-bundle
+tpch_bin="$stage/bin-tpch"
+if [ -d "$tpch_bin" ]; then
+    mv "$tpch_bin" "$stage.tpch-bin"
+    strip "$stage.tpch-bin/tpch"
+    mkdir -p gpu-bundle/tpch "$stage.tpch/bin"
+    mv "$stage.tpch-bin/tpch" "$stage.tpch/bin/tpch"
+    tar -C "$stage.tpch" -cf - . | xz -T2 -6 >gpu-bundle/tpch/tpch.tar.xz
+    rm -rf "$stage.tpch" "$stage.tpch-bin"
+fi
 tar -C "$stage" -cf - . | xz -T2 -6 >gpu-bundle/bundle.tar.xz
 cp scripts/gpu-run.sh gpu-bundle/run.sh
 ls -l gpu-bundle

@@ -20,7 +20,8 @@ shift
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 work=$(mktemp -d)
-tar -xJf "$here/bundle.tar.xz" -C "$work"
+[ -f "$here/bundle.tar.xz" ] && tar -xJf "$here/bundle.tar.xz" -C "$work"
+[ -f "$here/tpch/tpch.tar.xz" ] && tar -xJf "$here/tpch/tpch.tar.xz" -C "$work"
 cd "$work"
 
 export GPU_JOIN_TEST_BACKEND=cuda
