@@ -14,8 +14,8 @@ use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
 use super::CudaBackend;
-use super::memory::{DIRECT_TRANSFER_BYTES, DeviceBuffer};
-use crate::backend::TransferMemory;
+use super::memory::DeviceBuffer;
+use crate::backend::JoinBackend;
 
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
 const GATHER_ITEMS: u64 = 4;
@@ -106,18 +106,17 @@ impl CudaBackend {
         Ok(make_array(data))
     }
 
-    /// A column's values as an Arrow buffer: downloaded into a pinned block
-    /// of the device's pool when one can be had, else through the staging
-    /// buffers into fresh memory. Small columns skip the pool: a block
-    /// would stay lent for as long as their consumer keeps them.
+    /// A column's values as an Arrow buffer: downloaded into the backend's
+    /// transfer memory (a pinned block) when it has some, else into fresh
+    /// memory.
     fn download_values(&self, values: &DeviceBuffer<u8>, what: &str) -> Result<Buffer> {
-        let pinned = (values.len() > DIRECT_TRANSFER_BYTES).then(|| self.instance.device.pinned.lend(values.len()));
-        if let Some(mut loan) = pinned.flatten() {
-            values.download_pinned(&mut loan, what)?;
-            return Box::new(loan).into_buffer(values.len());
+        let bytes = values.len();
+        if let Some(mut memory) = self.transfer_memory(bytes) {
+            values.download_into(memory.bytes_mut(bytes)?, what)?;
+            return memory.into_buffer(bytes);
         }
         // Arrow buffers must be aligned for their values, a Vec<u8> is not.
-        let mut buffer = MutableBuffer::from_len_zeroed(values.len());
+        let mut buffer = MutableBuffer::from_len_zeroed(bytes);
         values.download_into(buffer.as_slice_mut(), what)?;
         Ok(buffer.into())
     }

@@ -17,8 +17,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::device::{CudaDevice, cuda_error};
-use super::pinned::PinnedLoan;
-use crate::backend::{DeviceCounters, Fill, TransferMemory};
+use crate::backend::{DeviceCounters, Fill};
 
 /// Transfers up to this size skip the staging buffers.
 pub(crate) const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
@@ -115,21 +114,6 @@ impl<T: Copy> DeviceBuffer<T> {
             ));
         }
         download_bytes(&self.instance, self.pointer, host, what)
-    }
-
-    /// Copies the whole buffer into a pinned block, in one transfer.
-    pub(crate) fn download_pinned(&self, loan: &mut PinnedLoan, what: &str) -> Result<()> {
-        let bytes = self.len * size_of::<T>();
-        let host = loan.bytes_mut(bytes)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        bind(&self.instance, what)?;
-        self.instance.counters.record_download(bytes as u64);
-        // SAFETY: the block holds `bytes` bytes and is page-locked.
-        unsafe { result::memcpy_dtoh_async(host, self.pointer, self.instance.stream.cu_stream()) }
-            .map_err(|e| cuda_error(what, e))?;
-        synchronize(&self.instance, what)
     }
 
     /// Element `index`, read back to the host.
@@ -375,7 +359,9 @@ fn download_bytes(instance: &Instance, source: CUdeviceptr, host: &mut [u8], wha
     bind(instance, what)?;
     instance.counters.record_download(host.len() as u64);
     let stream = instance.stream.cu_stream();
-    if host.len() <= DIRECT_TRANSFER_BYTES {
+    // Small transfers, and pinned memory the device writes as it is, skip
+    // the staging buffers.
+    if host.len() <= DIRECT_TRANSFER_BYTES || instance.device.pinned.holds(host) {
         // SAFETY: the source holds at least host.len() bytes.
         unsafe { result::memcpy_dtoh_async(host, source, stream) }.map_err(|e| cuda_error(what, e))?;
         return synchronize(instance, what);

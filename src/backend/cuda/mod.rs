@@ -175,6 +175,8 @@ impl JoinBackend for CudaBackend {
         column::device_width(data_type).is_some()
     }
 
+    /// Transfers of 1 MiB or less skip the pool: a block would stay lent
+    /// for as long as the small column over it is kept.
     fn transfer_memory(&self, bytes: usize) -> Option<Box<dyn TransferMemory>> {
         if bytes <= memory::DIRECT_TRANSFER_BYTES {
             return None;

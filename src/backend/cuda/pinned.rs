@@ -123,7 +123,7 @@ impl PinnedPool {
     fn allocate(&self, size: usize) -> Option<Block> {
         let allocated = self.context.bind_to_thread().map_err(|e| cuda_error("binding the device", e)).and_then(|_| {
             // SAFETY: allocates page-locked host memory.
-            unsafe { result::malloc_host(size, 0) }.map_err(|e| cuda_error("allocating pinned output memory", e))
+            unsafe { result::malloc_host(size, 0) }.map_err(|e| cuda_error("allocating pinned memory", e))
         });
         let block = match allocated.map(|pointer| NonNull::new(pointer.cast::<u8>())) {
             Ok(Some(address)) => Some(Block { address, bytes: size }),
@@ -167,7 +167,7 @@ impl PinnedPool {
         let freed = self.context.bind_to_thread().map_err(|e| cuda_error("binding the device", e)).and_then(|_| {
             // SAFETY: allocated by malloc_host; no loan refers to it any more.
             unsafe { result::free_host(block.address.as_ptr().cast()) }
-                .map_err(|e| cuda_error("freeing pinned output memory", e))
+                .map_err(|e| cuda_error("freeing pinned memory", e))
         });
         if let Err(e) = freed {
             log::warn!("gpu_join: {e}");
