@@ -84,6 +84,18 @@ impl JoinDefinition {
         })
     }
 
+    /// Probe-side columns the join reads besides its keys: those of the
+    /// output and those the filter reads, ascending, without repeats.
+    pub fn probe_read_columns(&self) -> Vec<usize> {
+        let mut columns = self.probe_output_columns();
+        if let Some(filter) = &self.filter {
+            columns.extend(filter.column_indices().iter().filter(|c| c.side == JoinSide::Right).map(|c| c.index));
+        }
+        columns.sort_unstable();
+        columns.dedup();
+        columns
+    }
+
     fn side_columns(&self, pick: impl Fn(OutputColumn) -> Option<usize>) -> Vec<usize> {
         let mut columns: Vec<usize> = self.output_columns.iter().filter_map(|c| pick(*c)).collect();
         columns.sort_unstable();

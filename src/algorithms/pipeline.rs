@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arrow::array::{Array, ArrayRef};
+use arrow::compute::{concat, concat_batches};
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::{JoinSide, internal_err};
 use datafusion::error::Result;
@@ -93,6 +95,65 @@ fn evaluate_keys(expressions: &[PhysicalExprRef], batch: &RecordBatch) -> Result
     expressions.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect()
 }
 
+/// The key columns of one side, evaluated on each batch the side was staged
+/// in. A key column that the join reads nowhere else is never concatenated:
+/// its values go from DataFusion's batches straight into the memory their
+/// upload reads, encoded on the way.
+struct StagedKeys {
+    /// The side's row at which each piece starts, ascending.
+    starts: Vec<usize>,
+    /// The key columns of each piece.
+    pieces: Vec<Vec<ArrayRef>>,
+    rows: usize,
+}
+
+impl StagedKeys {
+    fn evaluate(expressions: &[PhysicalExprRef], batches: &[RecordBatch]) -> Result<Self> {
+        let (mut starts, mut pieces, mut rows) = (vec![], vec![], 0);
+        for batch in batches {
+            starts.push(rows);
+            pieces.push(evaluate_keys(expressions, batch)?);
+            rows += batch.num_rows();
+        }
+        Ok(Self { starts, pieces, rows })
+    }
+
+    /// Encodes rows `first..first + out.len()`, piece by piece.
+    fn encode_rows<K: NormalizedKey>(&self, encoder: &KeyEncoder, first: usize, out: &mut [K]) -> Result<()> {
+        // The last piece starting at or before `first`: empty pieces that
+        // start at the same row come before it.
+        let mut piece = self.starts.partition_point(|&start| start <= first).saturating_sub(1);
+        let mut done = 0;
+        while done < out.len() {
+            let (Some(&start), Some(keys)) = (self.starts.get(piece), self.pieces.get(piece)) else {
+                return internal_err!("keys of rows {first}..{} asked of {} rows", first + out.len(), self.rows);
+            };
+            let offset = first + done - start;
+            let len = keys.first().map_or(0, |k| k.len()).saturating_sub(offset).min(out.len() - done);
+            encoder.encode_rows(keys, offset, &mut out[done..done + len])?;
+            done += len;
+            piece += 1;
+        }
+        Ok(())
+    }
+
+    /// Whether the first key column holds a NULL.
+    fn first_key_has_null(&self) -> bool {
+        self.pieces.iter().any(|keys| keys.first().is_some_and(|k| k.logical_null_count() > 0))
+    }
+
+    /// The key columns whole; a copy unless the side is one piece.
+    fn concatenated(&self) -> Result<Vec<ArrayRef>> {
+        if let [keys] = self.pieces.as_slice() {
+            return Ok(keys.clone());
+        }
+        let columns = self.pieces.first().map_or(0, Vec::len);
+        (0..columns)
+            .map(|c| Ok(concat(&self.pieces.iter().map(|keys| keys[c].as_ref()).collect::<Vec<_>>())?))
+            .collect()
+    }
+}
+
 /// Whether a side must carry row ids through its transform: to map matches
 /// to original rows, or for host-side work on original rows.
 fn needs_row_ids<C>(
@@ -117,7 +178,8 @@ pub fn prepare_build_side<B: JoinBackend>(
     timers: &PhaseTimers,
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
-    let keys = evaluate_keys(&definition.build_keys, &batch)?;
+    let staged_keys = StagedKeys::evaluate(&definition.build_keys, std::slice::from_ref(&batch))?;
+    let keys = staged_keys.concatenated()?;
     let encoder = KeyEncoder::for_build_side(&keys, definition.null_equality)?;
     let strategy = Strategy::choose(B::PREFERRED_GATHER_SPACE, definition);
     let PlacedColumns { placements, to_transform } =
@@ -125,7 +187,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let relation = match upload_keys(backend, &encoder, &keys)? {
+    let relation = match upload_keys(backend, &encoder, &staged_keys)? {
         KeyedVector::U32(k) => {
             KeyedRelation::U32(transform_build(backend, strategy.algorithm, &k, &payloads, with_row_ids)?)
         }
@@ -160,19 +222,61 @@ enum KeyedVector<B: JoinBackend> {
 
 /// The normalised keys of one side, encoded straight into the memory their
 /// upload reads.
-fn upload_keys<B: JoinBackend>(backend: &B, encoder: &KeyEncoder, keys: &[ArrayRef]) -> Result<KeyedVector<B>> {
-    let rows = keys.first().map_or(0, |k| k.len());
+fn upload_keys<B: JoinBackend>(backend: &B, encoder: &KeyEncoder, keys: &StagedKeys) -> Result<KeyedVector<B>> {
+    let rows = keys.rows;
     Ok(match encoder.key_bits() {
-        32 => KeyedVector::U32(backend.upload_with(rows, &|first, out| encoder.encode_rows(keys, first, out))?),
-        _ => KeyedVector::U64(backend.upload_with(rows, &|first, out| encoder.encode_rows(keys, first, out))?),
+        32 => KeyedVector::U32(backend.upload_with(rows, &|first, out| keys.encode_rows(encoder, first, out))?),
+        _ => KeyedVector::U64(backend.upload_with(rows, &|first, out| keys.encode_rows(encoder, first, out))?),
     })
+}
+
+/// A probe chunk on the host.
+#[derive(Clone)]
+pub struct ProbeChunk {
+    /// The probe input's schema.
+    schema: SchemaRef,
+    /// The batches the chunk was staged from, in order.
+    parts: Vec<RecordBatch>,
+    /// The chunk's rows as one batch, holding the columns the join reads
+    /// besides its keys ([`JoinDefinition::probe_read_columns`]); the
+    /// others are `Null` placeholders.
+    assembled: RecordBatch,
+}
+
+impl ProbeChunk {
+    /// A chunk staged from `parts` (at least one), with its read columns
+    /// assembled.
+    pub fn new(schema: SchemaRef, parts: Vec<RecordBatch>, assembled: RecordBatch) -> Self {
+        Self { schema, parts, assembled }
+    }
+
+    /// A chunk that is one batch.
+    pub fn whole(batch: RecordBatch) -> Self {
+        Self { schema: batch.schema(), parts: vec![batch.clone()], assembled: batch }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.assembled.num_rows()
+    }
+
+    /// Every column of the chunk's rows as one batch, for the paths that
+    /// hand the rows on (retries, DataFusion's operator); a copy unless the
+    /// chunk is one batch.
+    pub fn whole_batch(&self) -> Result<RecordBatch> {
+        match self.parts.as_slice() {
+            [batch] => Ok(batch.clone()),
+            parts => Ok(concat_batches(&self.schema, parts)?),
+        }
+    }
 }
 
 /// A probe chunk moved to the backend: keys encoded as the build side's and
 /// uploaded, needed columns placed. Loading one chunk overlaps the join of
 /// the one before, on another backend instance (another stream).
 pub struct LoadedChunk<B: JoinBackend> {
-    batch: RecordBatch,
+    chunk: ProbeChunk,
+    /// The key columns whole, only where candidates are verified against
+    /// them (hashed keys); empty otherwise.
     key_arrays: Vec<ArrayRef>,
     keys: Option<KeyedVector<B>>,
     space: Space,
@@ -184,12 +288,12 @@ pub struct LoadedChunk<B: JoinBackend> {
 
 impl<B: JoinBackend> LoadedChunk<B> {
     pub fn rows(&self) -> usize {
-        self.batch.num_rows()
+        self.chunk.rows()
     }
 
     /// The chunk as it came from the probe input.
-    pub fn batch(&self) -> &RecordBatch {
-        &self.batch
+    pub fn chunk(&self) -> &ProbeChunk {
+        &self.chunk
     }
 }
 
@@ -199,17 +303,21 @@ pub fn load_probe_chunk<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     build: &BuildSide<B>,
-    batch: RecordBatch,
+    chunk: ProbeChunk,
     timers: &PhaseTimers,
 ) -> Result<LoadedChunk<B>> {
     let _timer = timers.transform.timer();
-    let key_arrays = evaluate_keys(&definition.probe_keys, &batch)?;
+    let keys = StagedKeys::evaluate(&definition.probe_keys, &chunk.parts)?;
     // Probe order is kept by matching in original probe rows, then
     // ordering the pairs by them.
-    let keep_probe_order = definition.keeps_probe_order(batch.num_rows());
+    let keep_probe_order = definition.keeps_probe_order(chunk.rows());
     let space = if keep_probe_order { Space::Original } else { build.strategy.probe_space };
-    let mut chunk = LoadedChunk {
-        batch,
+    let key_arrays = match build.encoder.exactness() {
+        KeyExactness::NeedsVerification => keys.concatenated()?,
+        KeyExactness::Exact => vec![],
+    };
+    let mut loaded = LoadedChunk {
+        chunk,
         key_arrays,
         keys: None,
         space,
@@ -220,24 +328,24 @@ pub fn load_probe_chunk<B: JoinBackend>(
     };
     if definition.null_aware {
         let state = &build.null_aware;
-        if chunk.rows() > 0 {
+        if loaded.rows() > 0 {
             state.probe_non_empty.store(true, Ordering::Relaxed);
         }
-        if chunk.key_arrays[0].logical_null_count() > 0 {
+        if keys.first_key_has_null() {
             state.probe_has_null_key.store(true, Ordering::Relaxed);
         }
         if state.probe_has_null_key.load(Ordering::Relaxed) {
             // Nothing will be emitted, whatever else the probe side holds.
-            return Ok(chunk);
+            return Ok(loaded);
         }
     }
-    chunk.keys = Some(upload_keys(backend, &build.encoder, &chunk.key_arrays)?);
+    loaded.keys = Some(upload_keys(backend, &build.encoder, &keys)?);
     let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &chunk.batch, &definition.probe_output_columns(), space)?;
-    chunk.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
-    (chunk.placements, chunk.to_transform) = (placements, to_transform);
+        place_columns(backend, &loaded.chunk.assembled, &definition.probe_output_columns(), space)?;
+    loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
+    (loaded.placements, loaded.to_transform) = (placements, to_transform);
     backend.finish()?;
-    Ok(chunk)
+    Ok(loaded)
 }
 
 /// Joins a loaded probe chunk with the build side and returns its output
@@ -283,7 +391,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     let timer = timers.matching.timer();
     let build_view = build.view();
     let probe_view = SideView {
-        batch: &chunk.batch,
+        batch: &chunk.chunk.assembled,
         keys: &chunk.key_arrays,
         space: chunk.space,
         row_ids: probe_relation.row_ids.as_ref(),

@@ -58,7 +58,10 @@ pub(crate) fn has_host_columns<C>(placements: &[Option<ColumnPlacement<C>>]) -> 
 }
 
 pub(crate) struct SideView<'a, B: JoinBackend> {
+    /// The side's rows on the host: every column the join reads there.
     pub batch: &'a RecordBatch,
+    /// The key columns whole: always for the build side, for a probe chunk
+    /// only where candidates are verified against them.
     pub keys: &'a [ArrayRef],
     pub space: Space,
     pub row_ids: Option<&'a B::Vector<u32>>,

@@ -5,14 +5,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayData, ArrayRef, make_array};
+use arrow::array::{Array, ArrayData, ArrayRef, NullArray, make_array};
 use arrow::buffer::MutableBuffer;
 use arrow::compute::concat;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
+use crate::algorithms::ProbeChunk;
 use crate::backend::JoinBackend;
 
 /// The batches of one probe chunk, not yet concatenated: the copy runs in
@@ -29,10 +30,15 @@ impl StagedChunk {
         Self { schema: batch.schema(), rows: batch.num_rows(), batches: vec![batch] }
     }
 
-    /// The chunk as one batch, assembled for `backend`; copies unless it
-    /// already is one.
-    pub fn into_batch<B: JoinBackend>(self, backend: &B) -> Result<RecordBatch> {
-        concat_in_parallel(backend, &self.schema, &self.batches, self.rows)
+    /// The chunk with the columns the join reads besides its keys
+    /// (`read_columns`) assembled for `backend`; copies unless the chunk is
+    /// one batch.
+    pub fn assemble<B: JoinBackend>(self, backend: &B, read_columns: &[usize]) -> Result<ProbeChunk> {
+        if let [batch] = self.batches.as_slice() {
+            return Ok(ProbeChunk::whole(batch.clone()));
+        }
+        let assembled = assemble_columns(backend, &self.schema, &self.batches, self.rows, Some(read_columns))?;
+        Ok(ProbeChunk::new(self.schema, self.batches, assembled))
     }
 }
 
@@ -99,23 +105,46 @@ pub(crate) fn concat_in_parallel<B: JoinBackend>(
     batches: &[RecordBatch],
     rows: usize,
 ) -> Result<RecordBatch> {
+    assemble_columns(backend, schema, batches, rows, None)
+}
+
+/// `batches` as one batch of `rows` rows, bound for `backend`, with only
+/// the columns in `columns` (all when `None`) copied; the others are `Null`
+/// placeholders, of a `Null` field in the batch's schema.
+fn assemble_columns<B: JoinBackend>(
+    backend: &B,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    rows: usize,
+    columns: Option<&[usize]>,
+) -> Result<RecordBatch> {
     match batches {
         [] => return Ok(RecordBatch::new_empty(Arc::clone(schema))),
         [batch] => return Ok(batch.clone()),
         _ => {}
     }
-    let columns = (0..schema.fields().len())
+    let copied = |i: usize| columns.is_none_or(|columns| columns.contains(&i));
+    let arrays = (0..schema.fields().len())
         .into_par_iter()
         .map(|i| {
+            if !copied(i) {
+                return Ok(Arc::new(NullArray::new(rows)) as ArrayRef);
+            }
             let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
             concat_column(backend, &arrays, rows)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new_with_options(
-        Arc::clone(schema),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(rows)),
-    )?)
+    let schema = match columns {
+        None => Arc::clone(schema),
+        Some(_) => {
+            let fields = schema.fields().iter().enumerate().map(|(i, field)| match copied(i) {
+                true => Arc::clone(field),
+                false => Arc::new(Field::new(field.name(), DataType::Null, true)),
+            });
+            Arc::new(Schema::new_with_metadata(fields.collect::<Vec<_>>(), schema.metadata().clone()))
+        }
+    };
+    Ok(RecordBatch::try_new_with_options(schema, arrays, &RecordBatchOptions::new().with_row_count(Some(rows)))?)
 }
 
 /// One column of a chunk: fixed-width columns without nulls are copied

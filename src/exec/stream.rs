@@ -31,7 +31,7 @@ use super::fallback::join_chunk_on_cpu;
 use super::passes::{BuildPasses, split_by_pass};
 use super::runner::{CollectedBuild, PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
-use crate::algorithms::{BuildSide, LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
+use crate::algorithms::{BuildSide, LoadedChunk, ProbeChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
@@ -126,7 +126,7 @@ impl<B: JoinBackend> Partition<'_, B> {
 enum Chunk<B: JoinBackend> {
     Loaded(LoadedChunk<B>),
     /// Loading ran out of device memory; the joiner retries it.
-    NotLoaded(RecordBatch, DataFusionError),
+    NotLoaded(ProbeChunk, DataFusionError),
 }
 
 async fn join_partition<B: JoinBackend>(
@@ -306,10 +306,10 @@ async fn load_chunk<B: JoinBackend>(
         (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     run_blocking("loading a probe chunk", move || {
-        let batch = chunk.into_batch(&backend)?;
-        match load_probe_chunk(&backend, &definition, &build, batch.clone(), &timers) {
+        let chunk = chunk.assemble(&backend, &definition.probe_read_columns())?;
+        match load_probe_chunk(&backend, &definition, &build, chunk.clone(), &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
-            Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(batch, e)),
+            Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(chunk, e)),
             Err(e) => Err(e),
         }
     })
@@ -348,21 +348,22 @@ async fn join_chunk<B: JoinBackend>(
     chunk: Chunk<B>,
 ) -> Result<Vec<RecordBatch>> {
     let runner = partition.runner;
-    let (batch, error) = match chunk {
+    let (chunk, error) = match chunk {
         Chunk::Loaded(loaded) => {
-            let batch = loaded.batch().clone();
+            let chunk = loaded.chunk().clone();
             let permit = runner.admission().shared(partition.options.concurrent_tasks).await?;
             match join_loaded(partition, backend, build, loaded).await {
                 Ok(output) => return Ok(vec![output]),
                 Err(e) if is_out_of_memory(&e) => {
                     drop(permit);
-                    (batch, e)
+                    (chunk, e)
                 }
                 Err(e) => return Err(e),
             }
         }
-        Chunk::NotLoaded(batch, error) => (batch, error),
+        Chunk::NotLoaded(chunk, error) => (chunk, error),
     };
+    let batch = run_blocking("assembling a probe chunk to retry", move || chunk.whole_batch()).await?;
     log::info!("gpu_join: retrying a probe chunk of {} rows alone on the device: {error}", batch.num_rows());
     let mut output = vec![];
     let mut pending = vec![batch];
