@@ -25,8 +25,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, Int32Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::{ArrayRef, AsArray, Int32Array};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use criterion::{Criterion, criterion_group, criterion_main};
 use datafusion::datasource::MemTable;
@@ -54,7 +54,10 @@ struct Workload {
 
 const WORKLOADS: [Workload; 2] = [Workload { name: "narrow", payloads: 1 }, Workload { name: "wide", payloads: 2 }];
 
-fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> MemTable {
+/// A table's batches, partition by partition.
+type Partitions = Vec<Vec<RecordBatch>>;
+
+fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> (MemTable, Partitions) {
     let mut fields = vec![Field::new("k", DataType::Int32, false)];
     fields.extend((1..=payloads).map(|i| Field::new(format!("{prefix}{i}"), DataType::Int32, false)));
     let schema: SchemaRef = Arc::new(Schema::new(fields));
@@ -77,7 +80,35 @@ fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> MemTable {
                 .collect()
         })
         .collect();
-    MemTable::try_new(schema, partitions).expect("a table")
+    (MemTable::try_new(schema, partitions.clone()).expect("a table"), partitions)
+}
+
+/// The host's own floor for the join: the time to copy every input byte
+/// once, from the tables' batches into memory already touched, on every
+/// core (median of 5 after one). The operator cannot move DataFusion's
+/// pageable batches to the device without such a copy.
+fn host_copy_floor(tables: &[&Partitions]) -> Duration {
+    let buffers: Vec<&[u8]> = tables
+        .iter()
+        .flat_map(|partitions| partitions.iter().flatten())
+        .flat_map(|batch| batch.columns().iter().map(|c| c.as_primitive::<Int32Type>().values().inner().as_slice()))
+        .collect();
+    let total = buffers.iter().map(|b| b.len()).sum();
+    let mut target = vec![1u8; total];
+    let mut runs = vec![];
+    for _ in 0..6 {
+        let mut pieces = Vec::with_capacity(buffers.len());
+        let mut rest = target.as_mut_slice();
+        for buffer in &buffers {
+            let (piece, tail) = rest.split_at_mut(buffer.len());
+            pieces.push((piece, *buffer));
+            rest = tail;
+        }
+        let start = Instant::now();
+        pieces.into_par_iter().for_each(|(to, from)| to.copy_from_slice(from));
+        runs.push(start.elapsed());
+    }
+    median(runs.split_off(1))
 }
 
 /// R's shuffled primary keys and S's uniform foreign keys.
@@ -123,9 +154,20 @@ async fn run_query(ctx: &SessionContext, sql: &str) -> (Duration, Vec<RecordBatc
     (start.elapsed(), batches)
 }
 
-/// Drains every output partition of the GPU join alone; its time, rows and
-/// bytes moved to and from the device.
-async fn run_join(ctx: &SessionContext, sql: &str) -> (Duration, usize, u64, u64) {
+/// One run of the GPU join alone.
+#[derive(Debug, Clone, Default)]
+struct JoinRun {
+    elapsed: Duration,
+    /// Until the first output batch of any partition.
+    first_output: Duration,
+    rows: usize,
+    up: u64,
+    down: u64,
+    metrics: String,
+}
+
+/// Drains every output partition of the GPU join alone, all at once.
+async fn run_join(ctx: &SessionContext, sql: &str) -> JoinRun {
     let plan = ctx.sql(sql).await.expect("planned").create_physical_plan().await.expect("a plan");
     let join = find_join(&plan).expect("the join runs on the GPU");
     let start = Instant::now();
@@ -134,22 +176,32 @@ async fn run_join(ctx: &SessionContext, sql: &str) -> (Duration, usize, u64, u64
         .into_iter()
         .map(|mut stream| {
             tokio::spawn(async move {
-                let mut rows = 0;
+                let (mut rows, mut first) = (0, None);
                 while let Some(batch) = stream.next().await {
+                    first.get_or_insert_with(Instant::now);
                     rows += batch.expect("a batch").num_rows();
                 }
-                rows
+                (rows, first)
             })
         })
         .collect();
-    let mut rows = 0;
+    let (mut rows, mut first) = (0, None::<Instant>);
     for task in tasks {
-        rows += task.await.expect("a partition");
+        let (partition_rows, partition_first) = task.await.expect("a partition");
+        rows += partition_rows;
+        first = first.into_iter().chain(partition_first).min();
     }
     let elapsed = start.elapsed();
     let metrics = join.metrics().expect("metrics");
     let sum = |name: &str| metrics.sum_by_name(name).map_or(0, |v| v.as_usize() as u64);
-    (elapsed, rows, sum("bytes_to_device"), sum("bytes_from_device"))
+    JoinRun {
+        elapsed,
+        first_output: first.map_or(elapsed, |f| f - start),
+        rows,
+        up: sum("bytes_to_device"),
+        down: sum("bytes_from_device"),
+        metrics: metrics.aggregate_by_name().sorted_for_display().to_string(),
+    }
 }
 
 struct Row {
@@ -157,6 +209,8 @@ struct Row {
     datafusion: Duration,
     gpu: Duration,
     join: Duration,
+    first_output: Duration,
+    host_floor: Duration,
     up: u64,
     down: u64,
     rows: usize,
@@ -175,8 +229,11 @@ fn operator(c: &mut Criterion) {
     let gpu_only = std::env::var("GPU_JOIN_BENCH_GPU_ONLY").is_ok();
     let mut rows = vec![];
     for workload in WORKLOADS.iter().filter(|w| only.is_empty() || only.split('|').any(|n| n == w.name)) {
-        let r = Arc::new(table("p", build_keys.clone(), workload.payloads));
-        let s = Arc::new(table("q", probe_keys.clone(), workload.payloads));
+        let (r, r_batches) = table("p", build_keys.clone(), workload.payloads);
+        let (s, s_batches) = table("q", probe_keys.clone(), workload.payloads);
+        let host_floor = host_copy_floor(&[&r_batches, &s_batches]);
+        drop((r_batches, s_batches));
+        let (r, s) = (Arc::new(r), Arc::new(s));
         let sums: Vec<String> =
             (1..=workload.payloads).flat_map(|i| [format!("sum(p{i})"), format!("sum(q{i})")]).collect();
         let query = format!("select count(*), {} from r join s on r.k = s.k", sums.join(", "));
@@ -222,7 +279,7 @@ fn operator(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iterations {
                     let run = runtime.block_on(run_join(&gpu, &join_only));
-                    total += run.0;
+                    total += run.elapsed;
                     joins.lock().expect("joins").push(run);
                 }
                 total
@@ -230,50 +287,48 @@ fn operator(c: &mut Criterion) {
         });
         group.finish();
         let joins = joins.into_inner().expect("joins");
-        let plan = runtime.block_on(async { gpu.sql(&join_only).await.expect("planned").create_physical_plan().await });
-        if let Some(join) = find_join(&plan.expect("a plan")) {
-            runtime.block_on(async {
-                let streams = execute_stream_partitioned(Arc::clone(&join), gpu.task_ctx()).expect("streams");
-                for mut stream in streams {
-                    while stream.next().await.is_some() {}
-                }
-            });
-            let metrics = join.metrics().expect("metrics").aggregate_by_name().sorted_for_display();
-            println!("{}: GPU join metrics, partitions drained one after another: {metrics}", workload.name);
-        }
-        let (_, output_rows, up, down) = joins.first().copied().unwrap_or_default();
+        let last = joins.last().cloned().unwrap_or_default();
+        println!("{}: GPU join metrics of the last run, summed over partitions: {}", workload.name, last.metrics);
         rows.push(Row {
             workload: workload.name,
             datafusion: times[0],
             gpu: times[1],
-            join: median(joins.iter().map(|j| j.0).collect()),
-            up,
-            down,
-            rows: output_rows,
+            join: median(joins.iter().map(|j| j.elapsed).collect()),
+            first_output: median(joins.iter().map(|j| j.first_output).collect()),
+            host_floor,
+            up: last.up,
+            down: last.down,
+            rows: last.rows,
         });
     }
     if only.is_empty() || only.split('|').any(|n| n == "passes") {
         runtime.block_on(build_twice_the_budget(build_keys, probe_keys));
     }
-    println!("\nmedian (ms) over the measured runs; PCIe floor = max(bytes up, bytes down) / 55 GB/s");
     println!(
-        "| workload | DataFusion | GPU session | speed-up | GPU join alone | GB up | GB down | PCIe floor | join / floor | output rows |"
+        "\nmedian (ms) over the measured runs; PCIe floor = max(bytes up, bytes down) / 55 GB/s; host floor = one copy \
+         of every input byte on every core"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| workload | DataFusion | GPU session | speed-up | GPU join alone | first output | GB up | GB down | PCIe floor \
+         | join / floor | host floor | output rows |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let floor = row.up.max(row.down) as f64 / PCIE_BYTES_PER_SECOND;
         println!(
-            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {} |",
+            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {} |",
             row.workload,
             ms(row.datafusion),
             ms(row.gpu),
             row.datafusion.as_secs_f64() / row.gpu.as_secs_f64(),
             ms(row.join),
+            ms(row.first_output),
             row.up as f64 / 1e9,
             row.down as f64 / 1e9,
             floor * 1e3,
             row.join.as_secs_f64() / floor,
+            ms(row.host_floor),
             row.rows
         );
     }
@@ -283,8 +338,7 @@ fn operator(c: &mut Criterion) {
 async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
     let build_bytes = build_keys.len() * 2 * size_of::<i32>();
     let budget = build_bytes / 2;
-    let r = Arc::new(table("p", build_keys, 1));
-    let s = Arc::new(table("q", probe_keys, 1));
+    let (r, s) = (Arc::new(table("p", build_keys, 1).0), Arc::new(table("q", probe_keys, 1).0));
     let (cpu, gpu) = (session(false, &r, &s), session(true, &r, &s));
     // Smaller chunks and fewer jobs at once leave the probe side room
     // next to two resident passes.

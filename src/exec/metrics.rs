@@ -12,6 +12,13 @@ pub(crate) struct GpuJoinMetrics {
     pub probe_rows: Count,
     /// Collecting the build side from its input, before the transform.
     pub build_collect_time: Time,
+    /// Preparing the collected build side on the device (keys encoded,
+    /// uploads, transform), as the partition that prepared it waited.
+    pub build_prepare_time: Time,
+    /// Assembling DataFusion's probe batches into chunks on the host.
+    pub probe_staging_time: Time,
+    /// Waiting for the device's admission.
+    pub admission_wait_time: Time,
     /// Passes the build side was split into (0 when it fit at once).
     pub build_passes: Count,
     pub phases: PhaseTimers,
@@ -29,6 +36,9 @@ impl GpuJoinMetrics {
             build_rows: count("build_rows"),
             probe_rows: count("probe_rows"),
             build_collect_time: time("build_collect_time"),
+            build_prepare_time: time("build_prepare_time"),
+            probe_staging_time: time("probe_staging_time"),
+            admission_wait_time: time("admission_wait_time"),
             build_passes: count("build_passes"),
             phases: PhaseTimers {
                 transform: time("transform_time"),

@@ -25,7 +25,7 @@ use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::TryStreamExt;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, OwnedSemaphorePermit};
 
 use super::fallback::hash_join_over;
 use super::metrics::GpuJoinMetrics;
@@ -279,19 +279,30 @@ impl<B: JoinBackend> Runner<B> {
     ) -> Result<BuildSide<B>> {
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
-        let permit = admission.shared(options.concurrent_tasks).await?;
+        let permit = self.admitted(inputs, admission.shared(options.concurrent_tasks)).await?;
         match self.prepare(backend, inputs, batch.clone()).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
-                let _permit = admission.exclusive().await?;
+                let _permit = self.admitted(inputs, admission.exclusive()).await?;
                 self.prepare(backend, inputs, batch).await
             }
             prepared => prepared,
         }
     }
 
+    /// A permit of the device's admission, its wait counted.
+    pub async fn admitted(
+        &self,
+        inputs: &PartitionInputs,
+        permit: impl Future<Output = Result<OwnedSemaphorePermit>>,
+    ) -> Result<OwnedSemaphorePermit> {
+        let _wait = inputs.metrics.admission_wait_time.timer();
+        permit.await
+    }
+
     async fn prepare(&self, backend: &B, inputs: &PartitionInputs, batch: RecordBatch) -> Result<BuildSide<B>> {
+        let _prepare = inputs.metrics.build_prepare_time.timer();
         let (backend, definition, timers) =
             (backend.clone(), Arc::clone(&self.definition), inputs.metrics.phases.clone());
         run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, batch, &timers))

@@ -16,8 +16,8 @@ use rayon::prelude::*;
 use crate::algorithms::ProbeChunk;
 use crate::backend::JoinBackend;
 
-/// The batches of one probe chunk, not yet concatenated: the copy runs in
-/// the chunk's load job, off the async workers.
+/// The batches of one probe chunk, not yet assembled: the copy runs in a
+/// blocking job, off the async workers.
 pub(super) struct StagedChunk {
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
@@ -25,11 +25,6 @@ pub(super) struct StagedChunk {
 }
 
 impl StagedChunk {
-    /// A chunk that is already one batch.
-    pub fn whole(batch: RecordBatch) -> Self {
-        Self { schema: batch.schema(), rows: batch.num_rows(), batches: vec![batch] }
-    }
-
     /// The chunk with the columns the join reads besides its keys
     /// (`read_columns`) assembled for `backend`; copies unless the chunk is
     /// one batch.

@@ -25,6 +25,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::RecordOutput;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::fallback::join_chunk_on_cpu;
@@ -120,6 +121,11 @@ impl<B: JoinBackend> Partition<'_, B> {
     fn open_backend(&self) -> Result<B> {
         self.runner.open_backend(Arc::clone(self.counters))
     }
+
+    /// A shared permit of the device's admission.
+    async fn admitted(&self) -> Result<OwnedSemaphorePermit> {
+        self.runner.admitted(self.inputs, self.runner.admission().shared(self.options.concurrent_tasks)).await
+    }
 }
 
 /// A probe chunk on its way from the loader to the joiner.
@@ -182,7 +188,7 @@ async fn join_partition<B: JoinBackend>(
         let backend = runner.open_backend(Arc::clone(counters))?;
         let (build, definition, timers) =
             (Arc::clone(build), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
-        let _permit = runner.admission().shared(options.concurrent_tasks).await?;
+        let _permit = runner.admitted(inputs, runner.admission().shared(options.concurrent_tasks)).await?;
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let rows =
             run_blocking("emitting build-side rows", move || finish_build_side(&backend, &definition, &build, &timers))
@@ -275,9 +281,11 @@ async fn load_chunks<B: JoinBackend>(
                 staging.finish().into_iter().collect()
             }
         };
-        for chunk in chunks {
+        for staged in chunks {
+            // Host work, before the device is asked for.
+            let chunk = assemble_chunk(partition, &backend, staged).await?;
             let build = partition.build().await?;
-            let permit = partition.runner.admission().shared(partition.options.concurrent_tasks).await?;
+            let permit = partition.admitted().await?;
             let loaded = load_chunk(partition, &backend, &build, chunk).await?;
             // Neither is held while the joiner is busy: it may need the
             // device alone, or another pass of the build side.
@@ -292,13 +300,27 @@ async fn load_chunks<B: JoinBackend>(
     Ok(())
 }
 
-/// Concatenates a staged chunk and loads it, in one blocking job; a chunk
-/// that runs out of device memory comes back not loaded.
+/// Assembles a staged chunk on the host, in memory `backend` moves
+/// without another copy.
+async fn assemble_chunk<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    staged: StagedChunk,
+) -> Result<ProbeChunk> {
+    let inputs = partition.inputs;
+    let _compute = inputs.metrics.baseline.elapsed_compute().timer();
+    let _staging = inputs.metrics.probe_staging_time.timer();
+    let (backend, columns) = (backend.clone(), partition.runner.definition.probe_read_columns());
+    run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &columns)).await
+}
+
+/// Loads a probe chunk, in one blocking job; a chunk that runs out of
+/// device memory comes back not loaded.
 async fn load_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
     build: &Arc<BuildSide<B>>,
-    chunk: StagedChunk,
+    chunk: ProbeChunk,
 ) -> Result<Chunk<B>> {
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
@@ -306,7 +328,6 @@ async fn load_chunk<B: JoinBackend>(
         (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     run_blocking("loading a probe chunk", move || {
-        let chunk = chunk.assemble(&backend, &definition.probe_read_columns())?;
         match load_probe_chunk(&backend, &definition, &build, chunk.clone(), &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(chunk, e)),
@@ -351,7 +372,7 @@ async fn join_chunk<B: JoinBackend>(
     let (chunk, error) = match chunk {
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
-            let permit = runner.admission().shared(partition.options.concurrent_tasks).await?;
+            let permit = partition.admitted().await?;
             match join_loaded(partition, backend, build, loaded).await {
                 Ok(output) => return Ok(vec![output]),
                 Err(e) if is_out_of_memory(&e) => {
@@ -368,7 +389,7 @@ async fn join_chunk<B: JoinBackend>(
     let mut output = vec![];
     let mut pending = vec![batch];
     while let Some(piece) = pending.pop() {
-        let permit = runner.admission().exclusive().await?;
+        let permit = runner.admitted(partition.inputs, runner.admission().exclusive()).await?;
         let error = match join_exclusively(partition, backend, build, piece.clone()).await {
             Ok(batch) => {
                 output.push(batch);
@@ -399,7 +420,7 @@ async fn join_exclusively<B: JoinBackend>(
     build: &Arc<BuildSide<B>>,
     piece: RecordBatch,
 ) -> Result<RecordBatch> {
-    match load_chunk(partition, backend, build, StagedChunk::whole(piece)).await? {
+    match load_chunk(partition, backend, build, ProbeChunk::whole(piece)).await? {
         Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded).await,
         Chunk::NotLoaded(_, error) => Err(error),
     }
