@@ -84,12 +84,15 @@ impl JoinDefinition {
         })
     }
 
-    /// Probe-side columns the join reads besides its keys: those of the
+    /// Columns of a side the join reads besides its keys: those of the
     /// output and those the filter reads, ascending, without repeats.
-    pub fn probe_read_columns(&self) -> Vec<usize> {
-        let mut columns = self.probe_output_columns();
+    pub fn read_columns(&self, side: JoinSide) -> Vec<usize> {
+        let mut columns = match side {
+            JoinSide::Left => self.build_output_columns(),
+            _ => self.probe_output_columns(),
+        };
         if let Some(filter) = &self.filter {
-            columns.extend(filter.column_indices().iter().filter(|c| c.side == JoinSide::Right).map(|c| c.index));
+            columns.extend(filter.column_indices().iter().filter(|c| c.side == side).map(|c| c.index));
         }
         columns.sort_unstable();
         columns.dedup();

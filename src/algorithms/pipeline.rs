@@ -2,6 +2,7 @@
 //! then emit what the build side owes once the probe side is exhausted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayRef};
 use arrow::compute::{concat, concat_batches};
@@ -52,10 +53,56 @@ impl NullAwareState {
     }
 }
 
+/// A side's rows on the host (the build side, or a probe chunk).
+#[derive(Clone)]
+pub struct HostRows {
+    /// The side's input schema.
+    schema: SchemaRef,
+    /// The batches the rows came in, in order; at least one.
+    parts: Vec<RecordBatch>,
+    /// The rows as one batch, holding the columns the join reads besides
+    /// its keys ([`JoinDefinition::read_columns`]); the others are `Null`
+    /// placeholders. Key columns are read from `parts`.
+    assembled: RecordBatch,
+}
+
+impl HostRows {
+    /// Rows that came in `parts`, with their read columns `assembled`.
+    pub fn new(schema: SchemaRef, mut parts: Vec<RecordBatch>, assembled: RecordBatch) -> Self {
+        if parts.is_empty() {
+            parts.push(RecordBatch::new_empty(Arc::clone(&schema)));
+        }
+        Self { schema, parts, assembled }
+    }
+
+    /// Rows that are one batch.
+    pub fn whole(batch: RecordBatch) -> Self {
+        Self { schema: batch.schema(), parts: vec![batch.clone()], assembled: batch }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.assembled.num_rows()
+    }
+
+    /// Every column of the rows as one batch, for the paths that hand the
+    /// rows on (retries, DataFusion's operator); a copy unless the rows are
+    /// one batch.
+    pub fn whole_batch(&self) -> Result<RecordBatch> {
+        match self.parts.as_slice() {
+            [batch] => Ok(batch.clone()),
+            parts => Ok(concat_batches(&self.schema, parts)?),
+        }
+    }
+}
+
 /// The build side, collected, encoded and transformed once per join (per
 /// partition in `Partitioned` mode), then shared by every probe chunk.
 pub struct BuildSide<B: JoinBackend> {
-    batch: RecordBatch,
+    rows: HostRows,
+    /// Every column whole, made when DataFusion's operator needs it.
+    whole: OnceLock<RecordBatch>,
+    /// The key columns whole, only where something reads them on the host
+    /// (verification of hashed keys, null-aware joins); empty otherwise.
     keys: Vec<ArrayRef>,
     encoder: KeyEncoder,
     strategy: Strategy,
@@ -67,12 +114,16 @@ pub struct BuildSide<B: JoinBackend> {
 
 impl<B: JoinBackend> BuildSide<B> {
     pub fn rows(&self) -> usize {
-        self.batch.num_rows()
+        self.rows.rows()
     }
 
-    /// The build side's rows on the host.
-    pub fn batch(&self) -> &RecordBatch {
-        &self.batch
+    /// The build side's rows on the host, every column.
+    pub fn whole_batch(&self) -> Result<RecordBatch> {
+        if let Some(batch) = self.whole.get() {
+            return Ok(batch.clone());
+        }
+        let batch = self.rows.whole_batch()?;
+        Ok(self.whole.get_or_init(|| batch).clone())
     }
 
     fn view(&self) -> SideView<'_, B> {
@@ -81,7 +132,7 @@ impl<B: JoinBackend> BuildSide<B> {
             KeyedRelation::U64(r) => (r.row_ids.as_ref(), r.payloads.as_slice()),
         };
         SideView {
-            batch: &self.batch,
+            batch: &self.rows.assembled,
             keys: &self.keys,
             space: self.strategy.build_space,
             row_ids,
@@ -170,20 +221,23 @@ fn needs_row_ids<C>(
         || (side == JoinSide::Left && definition.null_aware)
 }
 
-/// Collects nothing itself: `batch` is the whole build side.
+/// Collects nothing itself: `rows` are the whole build side.
 pub fn prepare_build_side<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
-    batch: RecordBatch,
+    rows: HostRows,
     timers: &PhaseTimers,
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
-    let staged_keys = StagedKeys::evaluate(&definition.build_keys, std::slice::from_ref(&batch))?;
-    let keys = staged_keys.concatenated()?;
-    let encoder = KeyEncoder::for_build_side(&keys, definition.null_equality)?;
+    let staged_keys = StagedKeys::evaluate(&definition.build_keys, &rows.parts)?;
+    let encoder = KeyEncoder::for_build_side(&staged_keys.pieces, definition.null_equality)?;
+    let keys = match encoder.exactness() == KeyExactness::NeedsVerification || definition.null_aware {
+        true => staged_keys.concatenated()?,
+        false => vec![],
+    };
     let strategy = Strategy::choose(B::PREFERRED_GATHER_SPACE, definition);
     let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &batch, &definition.build_output_columns(), strategy.build_space)?;
+        place_columns(backend, &rows.assembled, &definition.build_output_columns(), strategy.build_space)?;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
@@ -196,14 +250,15 @@ pub fn prepare_build_side<B: JoinBackend>(
         }
     };
     let visited = match definition.tracks_visited_build_rows() {
-        true => Some(backend.new_flags(batch.num_rows())?),
+        true => Some(backend.new_flags(rows.rows())?),
         false => None,
     };
     // Every probe partition reads the build side from here on.
     backend.finish()?;
     timer.done();
     Ok(BuildSide {
-        batch,
+        rows,
+        whole: OnceLock::new(),
         keys,
         encoder,
         strategy,
@@ -230,51 +285,11 @@ fn upload_keys<B: JoinBackend>(backend: &B, encoder: &KeyEncoder, keys: &StagedK
     })
 }
 
-/// A probe chunk on the host.
-#[derive(Clone)]
-pub struct ProbeChunk {
-    /// The probe input's schema.
-    schema: SchemaRef,
-    /// The batches the chunk was staged from, in order.
-    parts: Vec<RecordBatch>,
-    /// The chunk's rows as one batch, holding the columns the join reads
-    /// besides its keys ([`JoinDefinition::probe_read_columns`]); the
-    /// others are `Null` placeholders.
-    assembled: RecordBatch,
-}
-
-impl ProbeChunk {
-    /// A chunk staged from `parts` (at least one), with its read columns
-    /// assembled.
-    pub fn new(schema: SchemaRef, parts: Vec<RecordBatch>, assembled: RecordBatch) -> Self {
-        Self { schema, parts, assembled }
-    }
-
-    /// A chunk that is one batch.
-    pub fn whole(batch: RecordBatch) -> Self {
-        Self { schema: batch.schema(), parts: vec![batch.clone()], assembled: batch }
-    }
-
-    pub fn rows(&self) -> usize {
-        self.assembled.num_rows()
-    }
-
-    /// Every column of the chunk's rows as one batch, for the paths that
-    /// hand the rows on (retries, DataFusion's operator); a copy unless the
-    /// chunk is one batch.
-    pub fn whole_batch(&self) -> Result<RecordBatch> {
-        match self.parts.as_slice() {
-            [batch] => Ok(batch.clone()),
-            parts => Ok(concat_batches(&self.schema, parts)?),
-        }
-    }
-}
-
 /// A probe chunk moved to the backend: keys encoded as the build side's and
 /// uploaded, needed columns placed. Loading one chunk overlaps the join of
 /// the one before, on another backend instance (another stream).
 pub struct LoadedChunk<B: JoinBackend> {
-    chunk: ProbeChunk,
+    chunk: HostRows,
     /// The key columns whole, only where candidates are verified against
     /// them (hashed keys); empty otherwise.
     key_arrays: Vec<ArrayRef>,
@@ -292,7 +307,7 @@ impl<B: JoinBackend> LoadedChunk<B> {
     }
 
     /// The chunk as it came from the probe input.
-    pub fn chunk(&self) -> &ProbeChunk {
+    pub fn chunk(&self) -> &HostRows {
         &self.chunk
     }
 }
@@ -303,7 +318,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     build: &BuildSide<B>,
-    chunk: ProbeChunk,
+    chunk: HostRows,
     timers: &PhaseTimers,
 ) -> Result<LoadedChunk<B>> {
     let _timer = timers.transform.timer();

@@ -14,9 +14,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use arrow::datatypes::Schema;
 use arrow::record_batch::RecordBatch;
-use datafusion::common::exec_datafusion_err;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{JoinSide, exec_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -30,9 +31,9 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit};
 use super::fallback::hash_join_over;
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_by_pass};
-use super::staging::concat_in_parallel;
+use super::staging::{assemble_rows, concat_in_parallel};
 use super::stream::{is_out_of_memory, run_blocking, run_partition};
-use crate::algorithms::{BuildSide, JoinDefinition, prepare_build_side};
+use crate::algorithms::{BuildSide, HostRows, JoinDefinition, prepare_build_side};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Admission, BackendHandle, JoinBackend, cpu::CpuBackend};
 use crate::config::GpuJoinConfig;
@@ -80,12 +81,16 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
 
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
 
-/// Device bytes the transform of a build side of `batch` holds at its peak:
-/// keys (at most 8 bytes), device-held payloads and row ids, in and out.
-fn transform_bytes(definition: &JoinDefinition, batch: &RecordBatch) -> u64 {
-    let payload: usize =
-        definition.build_output_columns().iter().filter_map(|&i| batch.column(i).data_type().primitive_width()).sum();
-    batch.num_rows() as u64 * (2 * (8 + payload) + 4) as u64
+/// Device bytes the transform of a build side of `rows` rows holds at its
+/// peak: keys (at most 8 bytes), device-held payloads and row ids, in and
+/// out.
+fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) -> u64 {
+    let payload: usize = definition
+        .build_output_columns()
+        .iter()
+        .filter_map(|&i| schema.fields().get(i).and_then(|f| f.data_type().primitive_width()))
+        .sum();
+    rows as u64 * (2 * (8 + payload) + 4) as u64
 }
 
 /// The batches of partition `partition` of the build input, in host memory
@@ -219,7 +224,7 @@ impl<B: JoinBackend> Runner<B> {
         options: &GpuJoinConfig,
         partition: usize,
     ) -> Result<Arc<CollectedBuild<B>>> {
-        let timer = inputs.metrics.build_collect_time.timer();
+        let mut timer = inputs.metrics.build_collect_time.timer();
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
         let reservation = Arc::new(reservation);
@@ -227,29 +232,39 @@ impl<B: JoinBackend> Runner<B> {
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let (schema, collected, assembler) = (inputs.left.schema(), batches, backend.clone());
-        let batch = run_blocking("collecting the build side", move || {
-            concat_in_parallel(&assembler, &schema, &collected, rows)
-        })
-        .await?;
-        inputs.metrics.build_rows.add(batch.num_rows());
-        timer.done();
+        inputs.metrics.build_rows.add(rows);
+        let schema = inputs.left.schema();
 
         let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
-        let bytes = transform_bytes(&self.definition, &batch);
+        let bytes = transform_bytes(&self.definition, &schema, rows);
         let mut passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
         if passes == 1 {
-            match self.prepare_admitted(backend, inputs, options, batch.clone()).await {
+            let (assembler, parts, columns) =
+                (backend.clone(), batches.clone(), self.definition.read_columns(JoinSide::Left));
+            let schema = Arc::clone(&schema);
+            let host_rows = run_blocking("collecting the build side", move || {
+                assemble_rows(&assembler, schema, parts, rows, &columns)
+            })
+            .await?;
+            timer.stop();
+            match self.prepare_admitted(backend, inputs, options, host_rows).await {
                 Ok(side) => {
                     return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
                 }
                 Err(e) if is_out_of_memory(&e) => {
                     log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");
                     passes = PASSES_AFTER_OUT_OF_MEMORY;
+                    timer.restart();
                 }
                 Err(e) => return Err(e),
             }
         }
+        // Split, or joined by DataFusion's operator: every column whole.
+        let assembler = backend.clone();
+        let batch =
+            run_blocking("collecting the build side", move || concat_in_parallel(&assembler, &schema, &batches, rows))
+                .await?;
+        timer.done();
         if !self.definition.splits_into_passes() {
             log::warn!(
                 "gpu_join: a build side of {rows} rows ({bytes} bytes transformed) is larger than the device \
@@ -275,17 +290,17 @@ impl<B: JoinBackend> Runner<B> {
         backend: &B,
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
-        batch: RecordBatch,
+        rows: HostRows,
     ) -> Result<BuildSide<B>> {
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
         let permit = self.admitted(inputs, admission.shared(options.concurrent_tasks)).await?;
-        match self.prepare(backend, inputs, batch.clone()).await {
+        match self.prepare(backend, inputs, rows.clone()).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
                 let _permit = self.admitted(inputs, admission.exclusive()).await?;
-                self.prepare(backend, inputs, batch).await
+                self.prepare(backend, inputs, rows).await
             }
             prepared => prepared,
         }
@@ -301,12 +316,11 @@ impl<B: JoinBackend> Runner<B> {
         permit.await
     }
 
-    async fn prepare(&self, backend: &B, inputs: &PartitionInputs, batch: RecordBatch) -> Result<BuildSide<B>> {
+    async fn prepare(&self, backend: &B, inputs: &PartitionInputs, rows: HostRows) -> Result<BuildSide<B>> {
         let _prepare = inputs.metrics.build_prepare_time.timer();
         let (backend, definition, timers) =
             (backend.clone(), Arc::clone(&self.definition), inputs.metrics.phases.clone());
-        run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, batch, &timers))
-            .await
+        run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, rows, &timers)).await
     }
 
     /// Records that a probe partition has seen all its input; true for the

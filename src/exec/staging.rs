@@ -13,7 +13,7 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use crate::algorithms::ProbeChunk;
+use crate::algorithms::HostRows;
 use crate::backend::JoinBackend;
 
 /// The batches of one probe chunk, not yet assembled: the copy runs in a
@@ -25,15 +25,9 @@ pub(super) struct StagedChunk {
 }
 
 impl StagedChunk {
-    /// The chunk with the columns the join reads besides its keys
-    /// (`read_columns`) assembled for `backend`; copies unless the chunk is
-    /// one batch.
-    pub fn assemble<B: JoinBackend>(self, backend: &B, read_columns: &[usize]) -> Result<ProbeChunk> {
-        if let [batch] = self.batches.as_slice() {
-            return Ok(ProbeChunk::whole(batch.clone()));
-        }
-        let assembled = assemble_columns(backend, &self.schema, &self.batches, self.rows, Some(read_columns))?;
-        Ok(ProbeChunk::new(self.schema, self.batches, assembled))
+    /// The chunk's rows, assembled for `backend` (see [`assemble_rows`]).
+    pub fn assemble<B: JoinBackend>(self, backend: &B, read_columns: &[usize]) -> Result<HostRows> {
+        assemble_rows(backend, self.schema, self.batches, self.rows, read_columns)
     }
 }
 
@@ -91,6 +85,23 @@ pub(super) fn held_bytes(batch: &RecordBatch) -> usize {
             data.get_slice_memory_size().unwrap_or_else(|_| column.get_array_memory_size())
         })
         .sum()
+}
+
+/// The `rows` rows of `batches`, with the columns the join reads besides
+/// its keys (`read_columns`) assembled for `backend`; copies unless they
+/// are one batch.
+pub(crate) fn assemble_rows<B: JoinBackend>(
+    backend: &B,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+    read_columns: &[usize],
+) -> Result<HostRows> {
+    if let [batch] = batches.as_slice() {
+        return Ok(HostRows::whole(batch.clone()));
+    }
+    let assembled = assemble_columns(backend, &schema, &batches, rows, Some(read_columns))?;
+    Ok(HostRows::new(schema, batches, assembled))
 }
 
 /// `batches` as one batch of `rows` rows, bound for `backend`.

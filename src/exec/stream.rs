@@ -1,14 +1,14 @@
-//! One output partition of a GPU join, as a two-stage pipeline.
+//! One output partition of a GPU join, as a three-stage pipeline.
 //!
-//! The loader stages probe batches into large chunks on the host, encodes
-//! their keys and uploads them on one backend instance (one CUDA stream);
-//! the joiner joins each loaded chunk on another instance and hands the
-//! output on in batches of the session's `batch_size`. So the upload of
-//! chunk k + 1, the kernels and download of chunk k and the hand-off of
-//! chunk k - 1's batches overlap, and across partitions the device sees
-//! uploads, kernels and downloads of different chunks at once. Every
-//! backend call runs on tokio's blocking pool, under the device's bounded
-//! admission.
+//! The assembler stages probe batches into large chunks and assembles them
+//! on the host; the loader encodes a chunk's keys and uploads it on one
+//! backend instance (one CUDA stream); the joiner joins each loaded chunk
+//! on another instance and hands the output on in batches of the session's
+//! `batch_size`. So the host copy of chunk k + 2, the upload of chunk
+//! k + 1, the kernels and download of chunk k and the hand-off of chunk
+//! k - 1's batches overlap, and across partitions the device sees uploads,
+//! kernels and downloads of different chunks at once. Every backend call
+//! runs on tokio's blocking pool, under the device's bounded admission.
 //!
 //! A build side split into passes runs the pipeline once per pass, over the
 //! probe rows of that pass; one that did not fit, for a join that cannot be
@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::exec_datafusion_err;
+use datafusion::common::{JoinSide, exec_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_expr::PhysicalExprRef;
@@ -32,7 +32,7 @@ use super::fallback::join_chunk_on_cpu;
 use super::passes::{BuildPasses, split_by_pass};
 use super::runner::{CollectedBuild, PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
-use crate::algorithms::{BuildSide, LoadedChunk, ProbeChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
+use crate::algorithms::{BuildSide, HostRows, LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
@@ -111,8 +111,9 @@ impl<B: JoinBackend> Partition<'_, B> {
         match &self.build {
             BuildSource::Whole(build) => Ok(Arc::clone(build)),
             BuildSource::Pass(passes, pass) => {
-                let prepare =
-                    |piece| self.runner.prepare_admitted(&self.build_backend, self.inputs, self.options, piece);
+                let prepare = |piece| {
+                    self.runner.prepare_admitted(&self.build_backend, self.inputs, self.options, HostRows::whole(piece))
+                };
                 passes.acquire(*pass, prepare).await
             }
         }
@@ -132,7 +133,7 @@ impl<B: JoinBackend> Partition<'_, B> {
 enum Chunk<B: JoinBackend> {
     Loaded(LoadedChunk<B>),
     /// Loading ran out of device memory; the joiner retries it.
-    NotLoaded(ProbeChunk, DataFusionError),
+    NotLoaded(HostRows, DataFusionError),
 }
 
 async fn join_partition<B: JoinBackend>(
@@ -201,20 +202,25 @@ async fn join_partition<B: JoinBackend>(
 }
 
 /// Joins the probe side with a build side on the device, chunk by chunk:
-/// the loader and the joiner run side by side. False when no more output
-/// is wanted.
+/// the assembler, the loader and the joiner run side by side. False when
+/// no more output is wanted.
 async fn join_probe_side<B: JoinBackend>(
     partition: &Partition<'_, B>,
     probe: BoxStream<'_, Result<RecordBatch>>,
     output: &mut OutputSender<'_>,
 ) -> Result<bool> {
+    let (assembled_tx, assembled_rx) = channel(1);
     let (chunk_tx, chunk_rx) = channel(1);
-    let (loaded, joined) =
-        futures::join!(load_chunks(partition, probe, chunk_tx), join_chunks(partition, chunk_rx, output));
-    // The joiner's error explains the loader's (a closed channel), not the
-    // other way round.
+    let (assembled, loaded, joined) = futures::join!(
+        assemble_chunks(partition, probe, assembled_tx),
+        load_chunks(partition, assembled_rx, chunk_tx),
+        join_chunks(partition, chunk_rx, output)
+    );
+    // The joiner's error explains the others' (a closed channel), not the
+    // other way round; the loader's explains the assembler's.
     let finished = joined?;
     loaded?;
+    assembled?;
     Ok(finished)
 }
 
@@ -256,11 +262,12 @@ async fn join_in_passes<'a, B: JoinBackend>(
     Ok(true)
 }
 
-/// Stages, encodes and uploads probe chunks, one ahead of the joiner.
-async fn load_chunks<B: JoinBackend>(
+/// Stages probe batches into chunks and assembles them on the host, one
+/// ahead of the loader.
+async fn assemble_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
     mut probe: BoxStream<'_, Result<RecordBatch>>,
-    chunk_tx: Sender<Chunk<B>>,
+    assembled_tx: Sender<HostRows>,
 ) -> Result<()> {
     let inputs = partition.inputs;
     let backend = partition.open_backend()?;
@@ -282,19 +289,34 @@ async fn load_chunks<B: JoinBackend>(
             }
         };
         for staged in chunks {
-            // Host work, before the device is asked for.
             let chunk = assemble_chunk(partition, &backend, staged).await?;
-            let build = partition.build().await?;
-            let permit = partition.admitted().await?;
-            let loaded = load_chunk(partition, &backend, &build, chunk).await?;
-            // Neither is held while the joiner is busy: it may need the
-            // device alone, or another pass of the build side.
-            drop((permit, build));
             reservation.resize(0);
-            if chunk_tx.send(loaded).await.is_err() {
-                // The joiner has stopped: fetch reached, cancelled, or failed.
+            if assembled_tx.send(chunk).await.is_err() {
+                // The loader has stopped: the joiner stopped, or it failed.
                 return Ok(());
             }
+        }
+    }
+    Ok(())
+}
+
+/// Encodes and uploads assembled probe chunks, one ahead of the joiner.
+async fn load_chunks<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    mut assembled_rx: Receiver<HostRows>,
+    chunk_tx: Sender<Chunk<B>>,
+) -> Result<()> {
+    let backend = partition.open_backend()?;
+    while let Some(chunk) = assembled_rx.recv().await {
+        let build = partition.build().await?;
+        let permit = partition.admitted().await?;
+        let loaded = load_chunk(partition, &backend, &build, chunk).await?;
+        // Neither is held while the joiner is busy: it may need the device
+        // alone, or another pass of the build side.
+        drop((permit, build));
+        if chunk_tx.send(loaded).await.is_err() {
+            // The joiner has stopped: fetch reached, cancelled, or failed.
+            return Ok(());
         }
     }
     Ok(())
@@ -306,11 +328,11 @@ async fn assemble_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
     staged: StagedChunk,
-) -> Result<ProbeChunk> {
+) -> Result<HostRows> {
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let _staging = inputs.metrics.probe_staging_time.timer();
-    let (backend, columns) = (backend.clone(), partition.runner.definition.probe_read_columns());
+    let (backend, columns) = (backend.clone(), partition.runner.definition.read_columns(JoinSide::Right));
     run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &columns)).await
 }
 
@@ -320,7 +342,7 @@ async fn load_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
     build: &Arc<BuildSide<B>>,
-    chunk: ProbeChunk,
+    chunk: HostRows,
 ) -> Result<Chunk<B>> {
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
@@ -402,9 +424,12 @@ async fn join_chunk<B: JoinBackend>(
         let rows = piece.num_rows();
         if rows <= SMALLEST_RETRY_ROWS {
             let context = Arc::clone(&partition.inputs.context);
-            let host_build = build.batch();
+            let whole = Arc::clone(build);
+            let host_build =
+                run_blocking("assembling the build side for DataFusion's operator", move || whole.whole_batch())
+                    .await?;
             output
-                .extend(join_chunk_on_cpu(&runner.twin, &runner.definition, host_build, piece, context, error).await?);
+                .extend(join_chunk_on_cpu(&runner.twin, &runner.definition, &host_build, piece, context, error).await?);
         } else {
             // Halves in probe order: the later half is joined last.
             pending.push(piece.slice(rows / 2, rows - rows / 2));
@@ -420,7 +445,7 @@ async fn join_exclusively<B: JoinBackend>(
     build: &Arc<BuildSide<B>>,
     piece: RecordBatch,
 ) -> Result<RecordBatch> {
-    match load_chunk(partition, backend, build, ProbeChunk::whole(piece)).await? {
+    match load_chunk(partition, backend, build, HostRows::whole(piece)).await? {
         Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded).await,
         Chunk::NotLoaded(_, error) => Err(error),
     }

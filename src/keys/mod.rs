@@ -112,12 +112,13 @@ enum Scheme {
 const HASH_STATE: RandomState = RandomState::with_seed(0x6a6f_696e);
 
 impl KeyEncoder {
-    /// Chooses the encoding for a join from its build-side key columns.
-    pub fn for_build_side(build_keys: &[ArrayRef], null_equality: NullEquality) -> Result<Self> {
-        if build_keys.is_empty() {
+    /// Chooses the encoding for a join from its build-side key columns,
+    /// given in pieces: the key columns of each batch of the build side.
+    pub fn for_build_side(pieces: &[Vec<ArrayRef>], null_equality: NullEquality) -> Result<Self> {
+        if pieces.first().is_none_or(Vec::is_empty) {
             return internal_err!("a join needs at least one key column");
         }
-        let scheme = match PackedLayout::try_new(build_keys, null_equality)? {
+        let scheme = match PackedLayout::try_new(pieces, null_equality)? {
             Some(layout) => Scheme::Packed(layout),
             None => Scheme::Hashed,
         };

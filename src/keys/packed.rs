@@ -157,20 +157,34 @@ macro_rules! with_integer_array {
 /// Rows each parallel task of a range or encoding pass reads.
 pub(super) const PARALLEL_ROWS: usize = 1 << 18;
 
-/// The smallest and largest value of a column, computed in parallel pieces.
+/// The smallest and largest value of an array.
 fn value_range<T>(array: &PrimitiveArray<T>) -> Option<(i128, i128)>
 where
     T: ArrowPrimitiveType,
     T::Native: ToI128,
 {
-    let pieces: Vec<usize> = (0..array.len()).step_by(PARALLEL_ROWS).collect();
-    pieces
-        .into_par_iter()
-        .filter_map(|start| {
-            let piece = array.slice(start, PARALLEL_ROWS.min(array.len() - start));
-            Some((min(&piece)?.to_i128(), max(&piece)?.to_i128()))
+    Some((min(array)?.to_i128(), max(array)?.to_i128()))
+}
+
+/// The smallest and largest value of a key column given in pieces, over
+/// slices of at most `PARALLEL_ROWS` rows in parallel: `Some(None)` when it
+/// holds no value, `None` when it is not integer-like.
+fn column_range(pieces: &[&ArrayRef]) -> Option<Option<(i128, i128)>> {
+    let first = pieces.first()?;
+    with_integer_array!(first.as_ref(), _typed => (), other => return None);
+    let slices: Vec<ArrayRef> = pieces
+        .iter()
+        .flat_map(|piece| {
+            (0..piece.len())
+                .step_by(PARALLEL_ROWS)
+                .map(|start| piece.slice(start, PARALLEL_ROWS.min(piece.len() - start)))
         })
-        .reduce_with(|(lo1, hi1), (lo2, hi2)| (lo1.min(lo2), hi1.max(hi2)))
+        .collect();
+    let ranges = slices
+        .par_iter()
+        .map(|slice| with_integer_array!(slice.as_ref(), typed => Some(value_range(typed)), other => None))
+        .collect::<Option<Vec<_>>>()?;
+    Some(ranges.into_iter().flatten().reduce(|(lo1, hi1), (lo2, hi2)| (lo1.min(lo2), hi1.max(hi2))))
 }
 
 /// Bits needed to store codes `0..count`.
@@ -179,17 +193,20 @@ fn bits_for(count: u128) -> u32 {
 }
 
 impl PackedLayout {
-    /// A layout for these build-side key columns, or `None` when a column is
-    /// not integer-like or the ranges do not fit in 63 bits.
-    pub(super) fn try_new(build_keys: &[ArrayRef], null_equality: NullEquality) -> Result<Option<Self>> {
+    /// A layout for the build side's key columns, given in pieces (each
+    /// piece's columns), or `None` when a column is not integer-like or the
+    /// ranges do not fit in 63 bits.
+    pub(super) fn try_new(pieces: &[Vec<ArrayRef>], null_equality: NullEquality) -> Result<Option<Self>> {
         let null_slot = null_equality == NullEquality::NullEqualsNull;
-        let mut columns = Vec::with_capacity(build_keys.len());
-        for key in build_keys {
-            let range = match key.data_type() {
+        let key_columns = pieces.first().map_or(0, Vec::len);
+        let mut columns = Vec::with_capacity(key_columns);
+        for c in 0..key_columns {
+            let range = match pieces[0][c].data_type() {
                 DataType::Boolean => Some((0, 1)),
-                _ => {
-                    with_integer_array!(key.as_ref(), typed => value_range(typed), other => return Ok(None))
-                }
+                _ => match column_range(&pieces.iter().filter_map(|keys| keys.get(c)).collect::<Vec<_>>()) {
+                    Some(range) => range,
+                    None => return Ok(None),
+                },
             };
             let codes = match range {
                 Some((lo, hi)) => match hi.checked_sub(lo) {
