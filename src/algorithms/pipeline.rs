@@ -354,9 +354,10 @@ pub fn load_probe_chunk<B: JoinBackend>(
             return Ok(loaded);
         }
     }
-    loaded.keys = Some(upload_keys(backend, &build.encoder, &keys)?);
+    // Columns first: their transfers run while the keys are encoded.
     let PlacedColumns { placements, to_transform } =
         place_columns(backend, &loaded.chunk.assembled, &definition.probe_output_columns(), space)?;
+    loaded.keys = Some(upload_keys(backend, &build.encoder, &keys)?);
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
     backend.finish()?;

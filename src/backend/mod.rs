@@ -259,6 +259,9 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// Whether columns of this type can live in backend memory; other columns
     /// are gathered on the host from row ids.
     fn holds_column(&self, data_type: &DataType) -> bool;
+    /// A column in backend memory. Its transfer may still run when this
+    /// returns (it holds on to `array`'s memory meanwhile): other instances
+    /// may read the column once [`JoinBackend::finish`] has returned.
     fn upload_column(&self, array: &ArrayRef) -> Result<Self::Column>;
     fn download_column(&self, column: &Self::Column) -> Result<ArrayRef>;
 

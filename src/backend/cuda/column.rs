@@ -75,8 +75,12 @@ impl CudaBackend {
         let values = if data_type == DataType::Boolean {
             self.unpack(&data.buffers()[0], offset, len, what)?
         } else {
-            let bytes = &data.buffers()[0].as_slice()[offset * width..(offset + len) * width];
-            DeviceBuffer::upload(&self.instance, bytes, what)?
+            DeviceBuffer::upload_buffer(
+                &self.instance,
+                &data.buffers()[0],
+                offset * width..(offset + len) * width,
+                what,
+            )?
         };
         let validity = match data.nulls().filter(|n| n.null_count() > 0) {
             Some(nulls) => {

@@ -8,8 +8,10 @@
 //! encoder), so that no host copy of their values is made on the way.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
+use arrow::buffer::Buffer;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaEvent, CudaStream, result};
 use datafusion::common::resources_datafusion_err;
@@ -34,6 +36,55 @@ pub(crate) struct Instance {
     pub device: Arc<CudaDevice>,
     pub stream: Arc<CudaStream>,
     pub counters: Arc<DeviceCounters>,
+    /// Host memory that transfers enqueued on the stream still read.
+    pub reads: Arc<PendingReads>,
+}
+
+impl Instance {
+    pub fn new(device: Arc<CudaDevice>, stream: Arc<CudaStream>, counters: Arc<DeviceCounters>) -> Self {
+        let reads = Arc::new(PendingReads { stream: Arc::clone(&stream), buffers: Mutex::default() });
+        Self { device, stream, counters, reads }
+    }
+
+    /// Waits for the stream's work; the host memory its transfers read is
+    /// let go.
+    pub fn synchronize(&self, what: &str) -> Result<()> {
+        self.stream.synchronize().map_err(|e| cuda_error(what, e))?;
+        self.reads.release();
+        Ok(())
+    }
+}
+
+/// Pinned host buffers read by transfers that were enqueued without being
+/// waited for, kept alive until the stream is waited for: until then their
+/// blocks must not go back to the pool, where another user would write them.
+#[derive(Debug)]
+pub(crate) struct PendingReads {
+    stream: Arc<CudaStream>,
+    buffers: Mutex<Vec<Buffer>>,
+}
+
+impl PendingReads {
+    fn hold(&self, buffer: Buffer) {
+        if let Ok(mut buffers) = self.buffers.lock() {
+            buffers.push(buffer);
+        }
+    }
+
+    fn release(&self) {
+        if let Ok(mut buffers) = self.buffers.lock() {
+            buffers.clear();
+        }
+    }
+}
+
+impl Drop for PendingReads {
+    fn drop(&mut self) {
+        let held = self.buffers.get_mut().map(|b| !b.is_empty()).unwrap_or(true);
+        if held && let Err(e) = self.stream.synchronize() {
+            log::warn!("gpu_join: waiting for transfers from host memory failed: {e}");
+        }
+    }
 }
 
 /// A typed array in device memory.
@@ -225,6 +276,31 @@ impl<T: Copy + Sync> DeviceBuffer<T> {
     }
 }
 
+impl DeviceBuffer<u8> {
+    /// Bytes `range` of an Arrow buffer. From pinned memory the transfer is
+    /// only enqueued, and `host` is held until the stream is next waited
+    /// for, so that transfers of several columns, and the encoding of keys
+    /// on the host, overlap; from other memory it is waited for.
+    pub(crate) fn upload_buffer(instance: &Instance, host: &Buffer, range: Range<usize>, what: &str) -> Result<Self> {
+        let bytes = host
+            .as_slice()
+            .get(range.clone())
+            .ok_or_else(|| datafusion::common::internal_datafusion_err!("{what}: bytes {range:?} of {}", host.len()))?;
+        if bytes.len() <= DIRECT_TRANSFER_BYTES || !instance.device.pinned.holds(bytes) {
+            return Self::upload(instance, bytes, what);
+        }
+        let buffer = Self::alloc(instance, bytes.len(), what)?;
+        bind(instance, what)?;
+        instance.counters.record_upload(bytes.len() as u64);
+        // SAFETY: the destination holds bytes.len() bytes; the source stays
+        // alive and unwritten (held below) until the stream is waited for.
+        unsafe { result::memcpy_htod_async(buffer.pointer, bytes, instance.stream.cu_stream()) }
+            .map_err(|e| cuda_error(what, e))?;
+        instance.reads.hold(host.clone());
+        Ok(buffer)
+    }
+}
+
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         let freed = bind(&self.instance, "freeing device memory").and_then(|_| {
@@ -299,7 +375,7 @@ fn staging_events(instance: &Instance) -> Result<[CudaEvent; 2]> {
 }
 
 fn synchronize(instance: &Instance, what: &str) -> Result<()> {
-    instance.stream.synchronize().map_err(|e| cuda_error(what, e))
+    instance.synchronize(what)
 }
 
 /// One transfer of `host` to `destination`, waited for.

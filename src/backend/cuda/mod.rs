@@ -117,7 +117,7 @@ impl CudaBackend {
 
     /// Waits for the stream's work; a kernel fault surfaces here.
     fn synchronize(&self, what: &str) -> Result<()> {
-        self.instance.stream.synchronize().map_err(|e| device::cuda_error(what, e))
+        self.instance.synchronize(what)
     }
 }
 
@@ -132,7 +132,7 @@ impl JoinBackend for CudaBackend {
 
     fn open(device: &Arc<CudaDevice>, counters: Arc<DeviceCounters>) -> Result<Self> {
         let stream = device.context.new_stream().map_err(|e| device::cuda_error("creating a stream", e))?;
-        Ok(Self { instance: Instance { device: Arc::clone(device), stream, counters } })
+        Ok(Self { instance: Instance::new(Arc::clone(device), stream, counters) })
     }
 
     fn admission(device: &Arc<CudaDevice>) -> &Admission {
