@@ -169,6 +169,10 @@ async fn explain_analyze_shows_rows_bytes_phases_and_memory() {
         "transform_time=",
         "match_time=",
         "materialize_time=",
+        "build_collect_time=",
+        "build_prepare_time=",
+        "probe_staging_time=",
+        "admission_wait_time=",
         "peak_device_memory=",
     ] {
         assert!(line.contains(metric), "{metric} missing from {line}");
