@@ -24,7 +24,8 @@ SERIES = [
 
 def main(source, target):
     rows = list(csv.DictReader(open(source)))
-    labels = [f"{r['workload']}\n{r['code']}" for r in rows]
+    # Workload, then the code's name and its commit, on lines of their own.
+    labels = [r["workload"] + "\n" + r["code"].replace(" (", "\n(") for r in rows]
     figure, axis = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / len(SERIES)
     for i, (column, name) in enumerate(SERIES):
@@ -32,7 +33,7 @@ def main(source, target):
         values = [float(r[column]) for r in rows]
         bars = axis.bar(x, values, width, label=name)
         axis.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=7, padding=2)
-    axis.set_xticks(range(len(rows)), labels, fontsize=8)
+    axis.set_xticks(range(len(rows)), labels, fontsize=7)
     axis.set_yscale("log")
     axis.set_ylabel("ms, median (log scale)")
     axis.set_title("Operator benchmark, H100: R = 2^27, S = 2^28 rows in host memory, 16 partitions")
