@@ -270,7 +270,8 @@ async fn assemble_chunks<B: JoinBackend>(
     assembled_tx: Sender<HostRows>,
 ) -> Result<()> {
     let inputs = partition.inputs;
-    let backend = partition.open_backend()?;
+    // Only its transfer memory is used: no instance (stream) of its own.
+    let backend = &partition.build_backend;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinProbe[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let chunk_rows = partition.options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS);
@@ -289,7 +290,7 @@ async fn assemble_chunks<B: JoinBackend>(
             }
         };
         for staged in chunks {
-            let chunk = assemble_chunk(partition, &backend, staged).await?;
+            let chunk = assemble_chunk(partition, backend, staged).await?;
             reservation.resize(0);
             if assembled_tx.send(chunk).await.is_err() {
                 // The loader has stopped: the joiner stopped, or it failed.

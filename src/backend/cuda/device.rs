@@ -68,7 +68,8 @@ pub struct CudaDevice {
     /// Largest dynamic shared memory one block may use.
     pub(crate) max_shared_bytes: u32,
     pub(crate) staging: Mutex<Vec<super::memory::Staging>>,
-    /// Pinned blocks output columns are downloaded into.
+    /// Pinned blocks that inputs are assembled in and outputs downloaded
+    /// into.
     pub(crate) pinned: Arc<PinnedPool>,
     pub(crate) admission: Admission,
 }

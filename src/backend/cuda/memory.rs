@@ -237,17 +237,9 @@ impl<T: Copy> DeviceBuffer<T> {
 }
 
 impl<T: Copy + Sync> DeviceBuffer<T> {
+    /// `host` through the staging buffers; memory of the pinned pool goes
+    /// by [`DeviceBuffer::upload_buffer`] instead.
     pub(crate) fn upload(instance: &Instance, host: &[T], what: &str) -> Result<Self> {
-        // SAFETY: T is a plain value type; its bytes are copied as they are.
-        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
-        if instance.device.pinned.holds(bytes) {
-            // Assembled in pinned memory: the device reads it as it is.
-            let buffer = Self::alloc(instance, host.len(), what)?;
-            bind(instance, what)?;
-            instance.counters.record_upload(bytes.len() as u64);
-            upload_direct(instance, bytes, buffer.pointer, what)?;
-            return Ok(buffer);
-        }
         Self::upload_with(
             instance,
             host.len(),
@@ -286,7 +278,7 @@ impl DeviceBuffer<u8> {
             .as_slice()
             .get(range.clone())
             .ok_or_else(|| datafusion::common::internal_datafusion_err!("{what}: bytes {range:?} of {}", host.len()))?;
-        if bytes.len() <= DIRECT_TRANSFER_BYTES || !instance.device.pinned.holds(bytes) {
+        if !instance.device.pinned.holds(bytes) {
             return Self::upload(instance, bytes, what);
         }
         let buffer = Self::alloc(instance, bytes.len(), what)?;
