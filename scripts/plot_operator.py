@@ -26,7 +26,7 @@ def main(source, target):
     rows = list(csv.DictReader(open(source)))
     # Workload, then the code's name and its commit, on lines of their own.
     labels = [r["workload"] + "\n" + r["code"].replace(" (", "\n(") for r in rows]
-    figure, axis = plt.subplots(figsize=(11, 5.5))
+    figure, axis = plt.subplots(figsize=(13, 5.5))
     width = 0.8 / len(SERIES)
     for i, (column, name) in enumerate(SERIES):
         x = [j + (i - (len(SERIES) - 1) / 2) * width for j in range(len(rows))]
