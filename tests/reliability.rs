@@ -208,6 +208,33 @@ async fn build_sides_split_into_passes_match_datafusion() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn build_sides_that_do_not_fit_after_all_are_split_or_left_to_datafusion() {
+    let expected = expected_results().await;
+    for collect in ["true", "false"] {
+        // Estimated to fit, so probe chunks are staged while the build side
+        // is prepared; its preparation then runs out of memory, shared and
+        // alone.
+        let ctx = gpu_session(&[
+            "set gpu_join.inject_build_allocation_failures = 2",
+            &format!("set gpu_join.collect_build_side = {collect}"),
+            "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
+            "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        ])
+        .await;
+        for (query, expected) in QUERIES.iter().zip(&expected) {
+            let label = format!("{query} (collect_build_side = {collect})");
+            assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
+            let passes = build_passes(&ctx, query).await;
+            if query.contains("left join") || query.contains("full join") {
+                assert!(passes.is_none_or(|p| p == 0), "{label}: split into {passes:?} passes");
+            } else if query.contains(" join ") {
+                assert!(passes.is_some_and(|p| p >= 4), "{label}: split into {passes:?} passes");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outputs_beyond_two_to_the_31_rows() {
     if test_backend_choice() != BackendChoice::Cuda {
         println!("skipped: 2^31 output rows are joined on the CUDA backend only (GPU_JOIN_TEST_BACKEND=cuda)");

@@ -6,6 +6,7 @@
 //! (schema, partitioning, equivalences, distribution requirements,
 //! statistics), so those promises are exactly DataFusion's.
 
+mod build;
 mod display;
 mod fallback;
 mod metrics;

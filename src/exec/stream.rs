@@ -10,17 +10,22 @@
 //! kernels and downloads of different chunks at once. Every backend call
 //! runs on tokio's blocking pool, under the device's bounded admission.
 //!
-//! A build side split into passes runs the pipeline once per pass, over the
-//! probe rows of that pass; one that did not fit, for a join that cannot be
-//! split, leaves the partition to DataFusion's operator.
+//! The pipeline starts while a build side estimated to fit is still being
+//! prepared whole: chunks are staged and assembled meanwhile, and loading
+//! waits for the build side. Should it be split into passes after all, the
+//! probe rows read so far, none of them joined, are joined pass by pass
+//! with the rest. A build side split into passes runs the pipeline once
+//! per pass, over the probe rows of that pass; one that did not fit, for a
+//! join that cannot be split, leaves the partition to DataFusion's
+//! operator.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{JoinSide, exec_datafusion_err};
+use datafusion::common::{JoinSide, exec_datafusion_err, internal_datafusion_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::RecordOutput;
 use futures::stream::BoxStream;
@@ -28,9 +33,10 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::{Receiver, Sender, channel};
 
+use super::build::{CollectedBuild, DeviceJoin, PendingBuild, admitted};
 use super::fallback::join_chunk_on_cpu;
 use super::passes::{BuildPasses, split_by_pass};
-use super::runner::{CollectedBuild, PartitionInputs, Runner};
+use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{BuildSide, HostRows, LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
@@ -56,7 +62,7 @@ pub(crate) fn is_out_of_memory(error: &DataFusionError) -> bool {
 
 /// Stops the partition's backend work when the partition's task is
 /// dropped (the query was cancelled): the next launch fails.
-struct CancelOnDrop(Arc<DeviceCounters>);
+pub(crate) struct CancelOnDrop(pub Arc<DeviceCounters>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -70,12 +76,12 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     tx: Sender<Result<RecordBatch>>,
 ) -> Result<()> {
     let options = GpuJoinConfig::from_config(inputs.context.session_config().options());
-    // Injected failures hit probe chunks only: the build side is shared, and
-    // a failure there ends the join for every partition.
+    // Injected failures hit probe chunks; the build side's preparation has
+    // its own (see `super::build`).
     let (counters, build_counters) = (Arc::new(DeviceCounters::default()), Arc::new(DeviceCounters::default()));
     counters.inject_allocation_failures(options.inject_allocation_failures);
     let _cancel = (CancelOnDrop(Arc::clone(&counters)), CancelOnDrop(Arc::clone(&build_counters)));
-    let result = match runner.open_backend(Arc::clone(&build_counters)) {
+    let result = match runner.join.open_backend(Arc::clone(&build_counters)) {
         Ok(build_backend) => join_partition(&runner, build_backend, &inputs, &options, &counters, &tx).await,
         Err(e) => Err(e),
     };
@@ -90,13 +96,65 @@ enum BuildSource<B: JoinBackend> {
     Whole(Arc<BuildSide<B>>),
     /// One pass of a split build side, taken for one job at a time.
     Pass(Arc<BuildPasses<B>>, usize),
+    /// A build side still being prepared whole, and the probe rows read
+    /// before it was on the device.
+    Preparing(PendingBuild<B>, Arc<HeldProbe>),
+}
+
+/// The build side as a job finds it.
+enum BuildNow<B: JoinBackend> {
+    Ready(Arc<BuildSide<B>>),
+    /// Prepared whole, it did not fit the device: it was split into passes.
+    Split(Arc<BuildPasses<B>>),
+}
+
+/// Probe batches a partition read while its build side was being prepared
+/// whole, held in case it is split into passes after all: the partition
+/// then joins every probe row pass by pass, as none has been joined yet.
+struct HeldProbe {
+    /// `None` once the build side is on the device.
+    held: Mutex<Option<HeldBatches>>,
+}
+
+type HeldBatches = (Vec<RecordBatch>, MemoryReservation);
+
+impl HeldProbe {
+    fn new(inputs: &PartitionInputs) -> Self {
+        let reservation = MemoryConsumer::new(format!("GpuJoinProbeHeld[{}]", inputs.partition))
+            .register(inputs.context.memory_pool());
+        Self { held: Mutex::new(Some((vec![], reservation))) }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Option<HeldBatches>>> {
+        self.held.lock().map_err(|_| internal_datafusion_err!("GPU join: held probe rows lock poisoned"))
+    }
+
+    /// Holds `batch` while the build side may still be split.
+    fn hold(&self, batch: &RecordBatch) -> Result<()> {
+        if let Some((batches, reservation)) = self.lock()?.as_mut() {
+            reservation.try_grow(held_bytes(batch))?;
+            batches.push(batch.clone());
+        }
+        Ok(())
+    }
+
+    /// The build side is on the device: nothing needs holding any more.
+    fn release(&self) -> Result<()> {
+        *self.lock()? = None;
+        Ok(())
+    }
+
+    /// The batches held, in the order they were read.
+    fn take(&self) -> Result<Vec<RecordBatch>> {
+        Ok(self.lock()?.take().map(|(batches, _)| batches).unwrap_or_default())
+    }
 }
 
 /// What every stage of one output partition works with.
 struct Partition<'a, B: JoinBackend> {
-    runner: &'a Arc<Runner<B>>,
+    join: &'a DeviceJoin<B>,
     build: BuildSource<B>,
-    /// The instance that prepares the build side (or a pass of it) when this
+    /// The instance that prepares a pass of the build side when this
     /// partition is the first to ask for it.
     build_backend: B,
     inputs: &'a PartitionInputs,
@@ -107,25 +165,54 @@ struct Partition<'a, B: JoinBackend> {
 
 impl<B: JoinBackend> Partition<'_, B> {
     /// The build side for one job; a job holds it no longer than it runs.
-    async fn build(&self) -> Result<Arc<BuildSide<B>>> {
+    async fn build_now(&self) -> Result<BuildNow<B>> {
         match &self.build {
-            BuildSource::Whole(build) => Ok(Arc::clone(build)),
+            BuildSource::Whole(build) => Ok(BuildNow::Ready(Arc::clone(build))),
             BuildSource::Pass(passes, pass) => {
                 let prepare = |piece| {
-                    self.runner.prepare_admitted(&self.build_backend, self.inputs, self.options, HostRows::whole(piece))
+                    let rows = HostRows::whole(piece);
+                    self.join.prepare_admitted(&self.build_backend, &self.inputs.metrics, self.options, rows)
                 };
-                passes.acquire(*pass, prepare).await
+                Ok(BuildNow::Ready(passes.acquire(*pass, prepare).await?))
+            }
+            BuildSource::Preparing(pending, held) => match pending.placed().await?.as_ref() {
+                CollectedBuild::Whole { side, .. } => {
+                    held.release()?;
+                    Ok(BuildNow::Ready(Arc::clone(side)))
+                }
+                CollectedBuild::Passes { passes, .. } => Ok(BuildNow::Split(Arc::clone(passes))),
+                CollectedBuild::OnCpu { .. } => {
+                    internal_err!("GPU join: a join that splits into passes was left to DataFusion's operator")
+                }
+            },
+        }
+    }
+
+    /// The build side for a job that follows a loaded chunk.
+    async fn build(&self) -> Result<Arc<BuildSide<B>>> {
+        match self.build_now().await? {
+            BuildNow::Ready(build) => Ok(build),
+            BuildNow::Split(_) => {
+                internal_err!("GPU join: a chunk was loaded for a build side since split into passes")
             }
         }
     }
 
+    /// Holds a probe batch read while the build side may still be split.
+    fn hold_probe(&self, batch: &RecordBatch) -> Result<()> {
+        match &self.build {
+            BuildSource::Preparing(_, held) => held.hold(batch),
+            _ => Ok(()),
+        }
+    }
+
     fn open_backend(&self) -> Result<B> {
-        self.runner.open_backend(Arc::clone(self.counters))
+        self.join.open_backend(Arc::clone(self.counters))
     }
 
     /// A shared permit of the device's admission.
     async fn admitted(&self) -> Result<OwnedSemaphorePermit> {
-        self.runner.admitted(self.inputs, self.runner.admission().shared(self.options.concurrent_tasks)).await
+        admitted(&self.inputs.metrics, self.join.admission().shared(self.options.concurrent_tasks)).await
     }
 }
 
@@ -145,51 +232,65 @@ async fn join_partition<B: JoinBackend>(
     tx: &Sender<Result<RecordBatch>>,
 ) -> Result<()> {
     let cell = runner.build_cell(inputs.mode)?;
-    let collected = runner.collected_build(&cell, &build_backend, inputs, options).await?;
+    let pending = runner.pending_build(&cell, inputs, options).await?;
+    let join = runner.join.as_ref();
+    let probe_keys = &join.definition.probe_keys;
     let mut output = OutputSender::new(tx, inputs);
-    let partition =
-        |build| Partition { runner, build, build_backend: build_backend.clone(), inputs, options, counters };
-    let finished = match collected.as_ref() {
-        CollectedBuild::Whole { side, .. } => {
-            let rows = inputs.metrics.probe_rows.clone();
-            let probe = inputs
-                .right
-                .execute(inputs.partition, Arc::clone(&inputs.context))?
-                .inspect_ok(move |batch| rows.add(batch.num_rows()))
-                .boxed();
-            join_probe_side(&partition(BuildSource::Whole(Arc::clone(side))), probe, &mut output).await?
-        }
-        CollectedBuild::Passes { passes, .. } => {
-            join_in_passes(
-                inputs,
-                &runner.definition.probe_keys,
-                passes,
-                |pass| partition(BuildSource::Pass(Arc::clone(passes), pass)),
-                &mut output,
-            )
-            .await?
-        }
-        CollectedBuild::OnCpu { join, .. } => {
-            let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
-            let mut wanted = true;
-            while let (true, Some(batch)) = (wanted, batches.next().await) {
-                wanted = output.send(batch?).await;
+    let partition = |build| Partition { join, build, build_backend: build_backend.clone(), inputs, options, counters };
+    let in_passes = |passes: &Arc<BuildPasses<B>>| {
+        let passes = Arc::clone(passes);
+        move |pass| partition(BuildSource::Pass(Arc::clone(&passes), pass))
+    };
+    // Staging starts before the build side is on the device only where
+    // passes are the way out should it not fit: DataFusion's operator, the
+    // other, reads the probe input itself.
+    let finished = if pending.whole && join.definition.splits_into_passes() {
+        let mut probe = probe_input(inputs)?;
+        let held = Arc::new(HeldProbe::new(inputs));
+        let source = BuildSource::Preparing(pending.clone(), Arc::clone(&held));
+        match join_probe_side(&partition(source), &mut probe, &mut output).await? {
+            ProbeEnd::Joined(finished) => finished,
+            ProbeEnd::Split(passes) => {
+                let read = futures::stream::iter(held.take()?.into_iter().map(Ok));
+                let probe = read.chain(probe).boxed();
+                join_in_passes(inputs, probe_keys, &passes, probe, in_passes(&passes), &mut output).await?
             }
-            wanted
+        }
+    } else {
+        match pending.placed().await?.as_ref() {
+            CollectedBuild::Whole { side, .. } => {
+                let partition = partition(BuildSource::Whole(Arc::clone(side)));
+                join_probe_side(&partition, &mut probe_input(inputs)?, &mut output).await?.joined()?
+            }
+            CollectedBuild::Passes { passes, .. } => {
+                let probe = probe_input(inputs)?;
+                join_in_passes(inputs, probe_keys, passes, probe, in_passes(passes), &mut output).await?
+            }
+            CollectedBuild::OnCpu { join, .. } => {
+                let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
+                let mut wanted = true;
+                while let (true, Some(batch)) = (wanted, batches.next().await) {
+                    wanted = output.send(batch?).await;
+                }
+                wanted
+            }
         }
     };
     if !finished {
         return Ok(());
     }
+    // Also where no probe row needed it: an error placing the build side
+    // reaches every partition.
+    let collected = pending.placed().await?;
     let last = runner.finish_probe(inputs.mode);
     if let (CollectedBuild::Whole { side: build, .. }, true) = (collected.as_ref(), last) {
-        if !runner.definition.tracks_visited_build_rows() {
+        if !join.definition.tracks_visited_build_rows() {
             return Ok(());
         }
-        let backend = runner.open_backend(Arc::clone(counters))?;
+        let backend = join.open_backend(Arc::clone(counters))?;
         let (build, definition, timers) =
-            (Arc::clone(build), Arc::clone(&runner.definition), inputs.metrics.phases.clone());
-        let _permit = runner.admitted(inputs, runner.admission().shared(options.concurrent_tasks)).await?;
+            (Arc::clone(build), Arc::clone(&join.definition), inputs.metrics.phases.clone());
+        let _permit = admitted(&inputs.metrics, join.admission().shared(options.concurrent_tasks)).await?;
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
         let rows =
             run_blocking("emitting build-side rows", move || finish_build_side(&backend, &definition, &build, &timers))
@@ -201,14 +302,42 @@ async fn join_partition<B: JoinBackend>(
     Ok(())
 }
 
+/// The partition's probe input, its rows counted as they are read.
+fn probe_input(inputs: &PartitionInputs) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+    let rows = inputs.metrics.probe_rows.clone();
+    Ok(inputs
+        .right
+        .execute(inputs.partition, Arc::clone(&inputs.context))?
+        .inspect_ok(move |batch| rows.add(batch.num_rows()))
+        .boxed())
+}
+
+/// How a partition's probe pipeline ended.
+enum ProbeEnd<B: JoinBackend> {
+    /// Every chunk joined; false when no more output is wanted.
+    Joined(bool),
+    /// The build side being prepared whole was split into passes instead;
+    /// no chunk was joined.
+    Split(Arc<BuildPasses<B>>),
+}
+
+impl<B: JoinBackend> ProbeEnd<B> {
+    /// The end of a pipeline over a build side already placed.
+    fn joined(self) -> Result<bool> {
+        match self {
+            ProbeEnd::Joined(finished) => Ok(finished),
+            ProbeEnd::Split(_) => internal_err!("GPU join: a build side already placed was split into passes"),
+        }
+    }
+}
+
 /// Joins the probe side with a build side on the device, chunk by chunk:
-/// the assembler, the loader and the joiner run side by side. False when
-/// no more output is wanted.
+/// the assembler, the loader and the joiner run side by side.
 async fn join_probe_side<B: JoinBackend>(
     partition: &Partition<'_, B>,
-    probe: BoxStream<'_, Result<RecordBatch>>,
+    probe: &mut BoxStream<'_, Result<RecordBatch>>,
     output: &mut OutputSender<'_>,
-) -> Result<bool> {
+) -> Result<ProbeEnd<B>> {
     let (assembled_tx, assembled_rx) = channel(1);
     let (chunk_tx, chunk_rx) = channel(1);
     let (assembled, loaded, joined) = futures::join!(
@@ -219,9 +348,11 @@ async fn join_probe_side<B: JoinBackend>(
     // The joiner's error explains the others' (a closed channel), not the
     // other way round; the loader's explains the assembler's.
     let finished = joined?;
-    loaded?;
+    if let Some(passes) = loaded? {
+        return Ok(ProbeEnd::Split(passes));
+    }
     assembled?;
-    Ok(finished)
+    Ok(ProbeEnd::Joined(finished))
 }
 
 /// Holds the probe side on the host split by pass, then joins it pass by
@@ -231,17 +362,15 @@ async fn join_in_passes<'a, B: JoinBackend>(
     inputs: &PartitionInputs,
     probe_keys: &[PhysicalExprRef],
     passes: &BuildPasses<B>,
+    mut probe: BoxStream<'_, Result<RecordBatch>>,
     partition: impl Fn(usize) -> Partition<'a, B>,
     output: &mut OutputSender<'_>,
 ) -> Result<bool> {
     let reservation =
         MemoryConsumer::new(format!("GpuJoinProbePasses[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let mut pieces: Vec<Vec<RecordBatch>> = vec![vec![]; passes.count()];
-    let mut probe = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?;
     while let Some(batch) = probe.next().await {
-        let batch = batch?;
-        inputs.metrics.probe_rows.add(batch.num_rows());
-        for (pass, piece) in split_by_pass(&batch, probe_keys, passes.count())?.into_iter().enumerate() {
+        for (pass, piece) in split_by_pass(&batch?, probe_keys, passes.count())?.into_iter().enumerate() {
             if piece.num_rows() > 0 {
                 reservation.try_grow(held_bytes(&piece))?;
                 pieces[pass].push(piece);
@@ -254,8 +383,8 @@ async fn join_in_passes<'a, B: JoinBackend>(
         let batches = std::mem::take(&mut pieces[pass]);
         // The loader accounts for the batches from here on.
         reservation.shrink(batches.iter().map(held_bytes).sum());
-        let probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
-        if !join_probe_side(&partition(pass), probe, output).await? {
+        let mut probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
+        if !join_probe_side(&partition(pass), &mut probe, output).await?.joined()? {
             return Ok(false);
         }
     }
@@ -266,7 +395,7 @@ async fn join_in_passes<'a, B: JoinBackend>(
 /// ahead of the loader.
 async fn assemble_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
-    mut probe: BoxStream<'_, Result<RecordBatch>>,
+    probe: &mut BoxStream<'_, Result<RecordBatch>>,
     assembled_tx: Sender<HostRows>,
 ) -> Result<()> {
     let inputs = partition.inputs;
@@ -281,6 +410,7 @@ async fn assemble_chunks<B: JoinBackend>(
         let chunks = match probe.next().await {
             Some(batch) => {
                 let batch = batch?;
+                partition.hold_probe(&batch)?;
                 reservation.try_grow(held_bytes(&batch))?;
                 staging.push(batch)
             }
@@ -290,6 +420,10 @@ async fn assemble_chunks<B: JoinBackend>(
             }
         };
         for staged in chunks {
+            if assembled_tx.is_closed() {
+                // The loader has stopped: no use assembling more.
+                return Ok(());
+            }
             let chunk = assemble_chunk(partition, backend, staged).await?;
             reservation.resize(0);
             if assembled_tx.send(chunk).await.is_err() {
@@ -302,14 +436,20 @@ async fn assemble_chunks<B: JoinBackend>(
 }
 
 /// Encodes and uploads assembled probe chunks, one ahead of the joiner.
+/// Returns the passes a build side being prepared whole was split into
+/// instead, if it was.
 async fn load_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
     mut assembled_rx: Receiver<HostRows>,
     chunk_tx: Sender<Chunk<B>>,
-) -> Result<()> {
+) -> Result<Option<Arc<BuildPasses<B>>>> {
     let backend = partition.open_backend()?;
     while let Some(chunk) = assembled_rx.recv().await {
-        let build = partition.build().await?;
+        let build = match partition.build_now().await? {
+            BuildNow::Ready(build) => build,
+            // Nothing is joined yet: the partition joins in passes instead.
+            BuildNow::Split(passes) => return Ok(Some(passes)),
+        };
         let permit = partition.admitted().await?;
         let loaded = load_chunk(partition, &backend, &build, chunk).await?;
         // Neither is held while the joiner is busy: it may need the device
@@ -317,10 +457,10 @@ async fn load_chunks<B: JoinBackend>(
         drop((permit, build));
         if chunk_tx.send(loaded).await.is_err() {
             // The joiner has stopped: fetch reached, cancelled, or failed.
-            return Ok(());
+            return Ok(None);
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Assembles a staged chunk on the host, in memory `backend` moves
@@ -333,7 +473,7 @@ async fn assemble_chunk<B: JoinBackend>(
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let _staging = inputs.metrics.probe_staging_time.timer();
-    let (backend, columns) = (backend.clone(), partition.runner.definition.read_columns(JoinSide::Right));
+    let (backend, columns) = (backend.clone(), partition.join.definition.read_columns(JoinSide::Right));
     run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &columns)).await
 }
 
@@ -348,7 +488,7 @@ async fn load_chunk<B: JoinBackend>(
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let (backend, definition, timers) =
-        (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
+        (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     run_blocking("loading a probe chunk", move || {
         match load_probe_chunk(&backend, &definition, &build, chunk.clone(), &timers) {
@@ -391,7 +531,7 @@ async fn join_chunk<B: JoinBackend>(
     build: &Arc<BuildSide<B>>,
     chunk: Chunk<B>,
 ) -> Result<Vec<RecordBatch>> {
-    let runner = partition.runner;
+    let join = partition.join;
     let (chunk, error) = match chunk {
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
@@ -412,7 +552,7 @@ async fn join_chunk<B: JoinBackend>(
     let mut output = vec![];
     let mut pending = vec![batch];
     while let Some(piece) = pending.pop() {
-        let permit = runner.admitted(partition.inputs, runner.admission().exclusive()).await?;
+        let permit = admitted(&partition.inputs.metrics, join.admission().exclusive()).await?;
         let error = match join_exclusively(partition, backend, build, piece.clone()).await {
             Ok(batch) => {
                 output.push(batch);
@@ -429,8 +569,7 @@ async fn join_chunk<B: JoinBackend>(
             let host_build =
                 run_blocking("assembling the build side for DataFusion's operator", move || whole.whole_batch())
                     .await?;
-            output
-                .extend(join_chunk_on_cpu(&runner.twin, &runner.definition, &host_build, piece, context, error).await?);
+            output.extend(join_chunk_on_cpu(&join.twin, &join.definition, &host_build, piece, context, error).await?);
         } else {
             // Halves in probe order: the later half is joined last.
             pending.push(piece.slice(rows / 2, rows - rows / 2));
@@ -460,7 +599,7 @@ async fn join_loaded<B: JoinBackend>(
 ) -> Result<RecordBatch> {
     let inputs = partition.inputs;
     let (backend, definition, timers) =
-        (backend.clone(), Arc::clone(&partition.runner.definition), inputs.metrics.phases.clone());
+        (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build, loaded, &timers))

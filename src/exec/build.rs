@@ -1,0 +1,321 @@
+//! The build side of a join: collected once from its input, then placed by
+//! a task of its own, so that probe partitions stage their first chunks
+//! while it is prepared on the device.
+//!
+//! A build side estimated to fit the device is prepared whole; a larger one
+//! is split into passes ([`super::passes`]), or, for a join that cannot be
+//! split, handed with the probe side to DataFusion's operator. One that was
+//! estimated to fit and still runs out of memory, even alone on the device,
+//! is split then.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{JoinSide, exec_datafusion_err};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, TryStreamExt};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::fallback::hash_join_over;
+use super::metrics::GpuJoinMetrics;
+use super::passes::{BuildPasses, pass_count, split_by_pass};
+use super::runner::PartitionInputs;
+use super::staging::{assemble_rows, concat_in_parallel};
+use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
+use crate::algorithms::{BuildSide, HostRows, JoinDefinition, prepare_build_side};
+use crate::backend::{Admission, DeviceCounters, JoinBackend};
+use crate::config::GpuJoinConfig;
+
+/// What a build side became once placed.
+pub(crate) enum CollectedBuild<B: JoinBackend> {
+    /// Prepared on the device in one piece.
+    Whole { side: Arc<BuildSide<B>>, _reservation: MemoryReservation },
+    /// Split into passes, each prepared when partitions need it.
+    Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
+    /// Too large for the device, for a join that cannot be split: DataFusion's
+    /// operator joins each probe partition with the build side's host copy.
+    OnCpu { join: Arc<dyn ExecutionPlan>, _reservation: MemoryReservation },
+}
+
+type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
+
+/// A collected build side on its way to the device (or to passes). The
+/// task placing it is aborted, and its device work stopped, when the last
+/// holder lets go: the partitions and the runner's cell, which goes with
+/// the plan.
+#[derive(Clone)]
+pub(crate) struct PendingBuild<B: JoinBackend> {
+    /// Estimated to fit the device, and being prepared whole; it is split
+    /// into passes after all if the device runs out of memory.
+    pub whole: bool,
+    placed: Shared<BoxFuture<'static, SharedBuild<B>>>,
+}
+
+impl<B: JoinBackend> PendingBuild<B> {
+    /// What the build side became, once placed.
+    pub async fn placed(&self) -> Result<Arc<CollectedBuild<B>>> {
+        self.placed.clone().await.map_err(DataFusionError::Shared)
+    }
+}
+
+/// One GPU join as each of its parts sees it: the device it runs on, what it
+/// computes, and DataFusion's join for what the device cannot take.
+pub(crate) struct DeviceJoin<B: JoinBackend> {
+    pub device: B::Device,
+    pub definition: Arc<JoinDefinition>,
+    /// DataFusion's join, for chunks the device cannot take.
+    pub twin: Arc<HashJoinExec>,
+}
+
+/// What the task placing a build side takes from the partition that
+/// collected it.
+struct CollectedInput<B: JoinBackend> {
+    backend: B,
+    metrics: GpuJoinMetrics,
+    options: GpuJoinConfig,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+    /// Device bytes its transform would hold at its peak.
+    bytes: u64,
+    passes: usize,
+    reservation: MemoryReservation,
+    /// The probe input, for DataFusion's operator.
+    right: Arc<dyn ExecutionPlan>,
+    mode: PartitionMode,
+    partition: usize,
+}
+
+/// Passes tried when a build side estimated to fit runs out of memory alone.
+const PASSES_AFTER_OUT_OF_MEMORY: usize = 4;
+
+/// Device bytes the transform of a build side of `rows` rows holds at its
+/// peak: keys (at most 8 bytes), device-held payloads and row ids, in and
+/// out.
+fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) -> u64 {
+    let payload: usize = definition
+        .build_output_columns()
+        .iter()
+        .filter_map(|&i| schema.fields().get(i).and_then(|f| f.data_type().primitive_width()))
+        .sum();
+    rows as u64 * (2 * (8 + payload) + 4) as u64
+}
+
+/// The batches of partition `partition` of the build input, in host memory
+/// accounted in `reservation`. A build input coalesced from several
+/// partitions is read one task per partition, rather than batch by batch
+/// through the coalescing channel, which costs more than the copy for
+/// DataFusion's small batches.
+async fn collect_input(
+    left: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+    reservation: &Arc<MemoryReservation>,
+) -> Result<Vec<RecordBatch>> {
+    let (plan, partitions) = match left.downcast_ref::<CoalescePartitionsExec>() {
+        Some(coalesce) if coalesce.fetch().is_none() => {
+            (coalesce.input(), 0..coalesce.input().output_partitioning().partition_count())
+        }
+        _ => (left, partition..partition + 1),
+    };
+    let tasks = partitions
+        .map(|p| {
+            let stream = plan.execute(p, Arc::clone(context))?;
+            let reservation = Arc::clone(reservation);
+            Ok(SpawnedTask::spawn(async move {
+                stream
+                    .and_then(|batch| {
+                        let grown = reservation.try_grow(batch.get_array_memory_size());
+                        async move { grown.map(|_| batch) }
+                    })
+                    .try_collect::<Vec<_>>()
+                    .await
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut batches = vec![];
+    for task in tasks {
+        let collected =
+            task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))?;
+        batches.extend(collected?);
+    }
+    Ok(batches)
+}
+
+/// A permit of the device's admission, its wait counted.
+pub(crate) async fn admitted(
+    metrics: &GpuJoinMetrics,
+    permit: impl Future<Output = Result<OwnedSemaphorePermit>>,
+) -> Result<OwnedSemaphorePermit> {
+    let _wait = metrics.admission_wait_time.timer();
+    permit.await
+}
+
+impl<B: JoinBackend> DeviceJoin<B> {
+    pub fn open_backend(&self, counters: Arc<DeviceCounters>) -> Result<B> {
+        B::open(&self.device, counters)
+    }
+
+    pub fn admission(&self) -> &Admission {
+        B::admission(&self.device)
+    }
+
+    /// Collects partition `partition` of the build input (`inputs.left`)
+    /// and starts placing it; returns once its rows are in.
+    pub async fn collect_build(
+        self: &Arc<Self>,
+        inputs: &PartitionInputs,
+        options: &GpuJoinConfig,
+        partition: usize,
+    ) -> Result<PendingBuild<B>> {
+        let timer = inputs.metrics.build_collect_time.timer();
+        let counters = Arc::new(DeviceCounters::default());
+        counters.inject_allocation_failures(options.inject_build_allocation_failures);
+        let backend = self.open_backend(Arc::clone(&counters))?;
+        let reservation =
+            MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
+        let reservation = Arc::new(reservation);
+        let batches = collect_input(&inputs.left, partition, &inputs.context, &reservation).await?;
+        let reservation = Arc::into_inner(reservation)
+            .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
+        let rows = batches.iter().map(RecordBatch::num_rows).sum();
+        inputs.metrics.build_rows.add(rows);
+        timer.done();
+
+        let schema = inputs.left.schema();
+        let bytes = transform_bytes(&self.definition, &schema, rows);
+        let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
+        let passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
+        let input = CollectedInput {
+            backend,
+            metrics: inputs.metrics.clone(),
+            options: options.clone(),
+            schema,
+            batches,
+            rows,
+            bytes,
+            passes,
+            reservation,
+            right: Arc::clone(&inputs.right),
+            mode: inputs.mode,
+            partition,
+        };
+        // The task holds the join's parts, not the runner: dropping the plan
+        // drops the runner's cell and with it the last holder of the task.
+        let join = Arc::clone(self);
+        let task = SpawnedTask::spawn(async move {
+            let _cancel = CancelOnDrop(Arc::clone(&counters));
+            let metrics = input.metrics.clone();
+            let placed = join.place(input).await;
+            metrics.record_device(&counters);
+            placed
+        });
+        let placed = task
+            .map(|joined| match joined {
+                Ok(placed) => placed.map_err(Arc::new),
+                Err(e) => Err(Arc::new(exec_datafusion_err!("GPU join: placing the build side: {e}"))),
+            })
+            .boxed()
+            .shared();
+        Ok(PendingBuild { whole: passes == 1, placed })
+    }
+
+    /// Prepares a build side that fits whole, splits one that does not.
+    async fn place(&self, input: CollectedInput<B>) -> Result<Arc<CollectedBuild<B>>> {
+        let CollectedInput {
+            backend,
+            metrics,
+            options,
+            schema,
+            batches,
+            rows,
+            bytes,
+            mut passes,
+            reservation,
+            right,
+            mode,
+            partition,
+        } = input;
+        let mut timer = metrics.build_collect_time.timer();
+        if passes == 1 {
+            let (assembler, parts, columns) =
+                (backend.clone(), batches.clone(), self.definition.read_columns(JoinSide::Left));
+            let schema = Arc::clone(&schema);
+            let host_rows = run_blocking("collecting the build side", move || {
+                assemble_rows(&assembler, schema, parts, rows, &columns)
+            })
+            .await?;
+            timer.stop();
+            match self.prepare_admitted(&backend, &metrics, &options, host_rows).await {
+                Ok(side) => {
+                    return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
+                }
+                Err(e) if is_out_of_memory(&e) => {
+                    log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");
+                    passes = PASSES_AFTER_OUT_OF_MEMORY;
+                    timer.restart();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // Split, or joined by DataFusion's operator: every column whole.
+        let assembler = backend.clone();
+        let batch =
+            run_blocking("collecting the build side", move || concat_in_parallel(&assembler, &schema, &batches, rows))
+                .await?;
+        timer.done();
+        if !self.definition.splits_into_passes() {
+            log::warn!(
+                "gpu_join: a build side of {rows} rows ({bytes} bytes transformed) is larger than the device \
+                 budget allows, and a {} join {} cannot be split into passes: DataFusion's operator joins it",
+                self.definition.join_type,
+                if self.definition.probe_order_required { "in probe order" } else { "of this type" },
+            );
+            let join = hash_join_over(&self.twin, &batch, right, mode, partition)?;
+            return Ok(Arc::new(CollectedBuild::OnCpu { join, _reservation: reservation }));
+        }
+        metrics.build_passes.add(passes);
+        let keys = self.definition.build_keys.clone();
+        let pieces =
+            run_blocking("splitting the build side into passes", move || split_by_pass(&batch, &keys, passes)).await?;
+        Ok(Arc::new(CollectedBuild::Passes { passes: Arc::new(BuildPasses::new(pieces)), _reservation: reservation }))
+    }
+
+    /// Prepares a build side (or one pass of it) under the device's
+    /// admission; one that runs out of memory is prepared again, alone on
+    /// the device. Its host memory is accounted by whoever collected it.
+    pub async fn prepare_admitted(
+        &self,
+        backend: &B,
+        metrics: &GpuJoinMetrics,
+        options: &GpuJoinConfig,
+        rows: HostRows,
+    ) -> Result<BuildSide<B>> {
+        let _compute = metrics.baseline.elapsed_compute().timer();
+        let admission = self.admission();
+        let permit = admitted(metrics, admission.shared(options.concurrent_tasks)).await?;
+        match self.prepare(backend, metrics, rows.clone()).await {
+            Err(e) if is_out_of_memory(&e) => {
+                drop(permit);
+                log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
+                let _permit = admitted(metrics, admission.exclusive()).await?;
+                self.prepare(backend, metrics, rows).await
+            }
+            prepared => prepared,
+        }
+    }
+
+    async fn prepare(&self, backend: &B, metrics: &GpuJoinMetrics, rows: HostRows) -> Result<BuildSide<B>> {
+        let _prepare = metrics.build_prepare_time.timer();
+        let (backend, definition, timers) = (backend.clone(), Arc::clone(&self.definition), metrics.phases.clone());
+        run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, rows, &timers)).await
+    }
+}
