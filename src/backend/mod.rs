@@ -247,7 +247,9 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     }
     /// `len` elements that `fill` writes straight into the memory the
     /// transfer reads, so that values made on the host (encoded keys) are
-    /// not copied again on their way.
+    /// not copied again on their way. As with [`JoinBackend::upload_column`],
+    /// the transfer may still run when this returns: other instances may
+    /// read the vector once [`JoinBackend::finish`] has returned.
     fn upload_with<T: Element>(&self, len: usize, fill: Fill<'_, T>) -> Result<Self::Vector<T>>;
     fn download<T: Element>(&self, vector: &Self::Vector<T>) -> Result<Vec<T>>;
     fn len<T: Element>(&self, vector: &Self::Vector<T>) -> usize;

@@ -1,11 +1,13 @@
 //! Device buffers and host transfers.
 //!
 //! Buffers come from the device's stream-ordered memory pool, within the
-//! GPU join's memory budget, and go back to it when dropped. Large
-//! transfers go through two pinned staging buffers, so that copying one
-//! chunk on the host overlaps the transfer of the other. Uploads are
-//! written into the staging buffers by their producer (a copy, or the key
-//! encoder), so that no host copy of their values is made on the way.
+//! GPU join's memory budget, and go back to it when dropped. Uploads are
+//! written by their producer (a copy, or the key encoder) straight into
+//! pinned memory, so that no host copy of their values is made on the way:
+//! into a block of the pinned pool when it has one to spare, whose
+//! transfer is then only enqueued, else into two pinned staging buffers,
+//! so that filling one overlaps the transfer of the other. Large downloads
+//! go through the staging buffers unless their target is pinned.
 
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -19,7 +21,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::device::{CudaDevice, cuda_error};
-use crate::backend::{DeviceCounters, Fill};
+use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
 /// Transfers up to this size skip the staging buffers.
 pub(crate) const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
@@ -378,7 +380,8 @@ fn upload_direct(instance: &Instance, host: &[u8], destination: CUdeviceptr, wha
     synchronize(instance, what)
 }
 
-/// Uploads `len` bytes that `fill` writes to `destination`.
+/// Uploads `len` bytes that `fill` writes to `destination`; ordered before
+/// later work on the instance's stream, complete once it is waited for.
 fn upload_bytes(
     instance: &Instance,
     len: usize,
@@ -400,6 +403,20 @@ fn upload_bytes(
         let host = &mut host[start..start + len];
         fill(0, host)?;
         return upload_direct(instance, host, destination, what);
+    }
+    if let Some(mut loan) = instance.device.pinned.lend(len) {
+        // Pinned memory to spare: filled whole on every core, its transfer
+        // enqueued without waiting and the memory held as a column's is
+        // (see `upload_buffer`), rather than filled and sent a staging
+        // buffer at a time, waiting on each.
+        parallel_fill(0, loan.bytes_mut(len)?, fill)?;
+        let host = Box::new(loan).into_buffer(len)?;
+        // SAFETY: the destination holds `len` bytes; the source stays alive
+        // and unwritten (held below) until the stream is waited for.
+        unsafe { result::memcpy_htod_async(destination, host.as_slice(), stream) }
+            .map_err(|e| cuda_error(what, e))?;
+        instance.reads.hold(host);
+        return Ok(());
     }
     let mut staging = instance.device.take_staging(instance)?;
     let events = staging_events(instance)?;
