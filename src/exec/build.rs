@@ -8,7 +8,7 @@
 //! estimated to fit and still runs out of memory, even alone on the device,
 //! is split then.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -92,6 +92,23 @@ struct CollectedInput<B: JoinBackend> {
     right: Arc<dyn ExecutionPlan>,
     mode: PartitionMode,
     partition: usize,
+}
+
+/// The build side's host work (assembly, key ranges, key encoding) runs on
+/// a rayon pool of its own. On the global pool it would queue behind the
+/// probe side's staging, which runs ahead while the build side is prepared
+/// although every probe chunk then waits for the build side.
+static BUILD_POOL: LazyLock<Option<rayon::ThreadPool>> = LazyLock::new(|| {
+    let threads = rayon::current_num_threads();
+    rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("gpu-join-build-{i}")).build().ok()
+});
+
+/// Runs `work` with its parallel parts on the build side's pool.
+fn on_build_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    match BUILD_POOL.as_ref() {
+        Some(pool) => pool.install(work),
+        None => work(),
+    }
 }
 
 /// Passes tried when a build side estimated to fit runs out of memory alone.
@@ -250,7 +267,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 (backend.clone(), batches.clone(), self.definition.read_columns(JoinSide::Left));
             let schema = Arc::clone(&schema);
             let host_rows = run_blocking("collecting the build side", move || {
-                assemble_rows(&assembler, schema, parts, rows, &columns)
+                on_build_pool(|| assemble_rows(&assembler, schema, parts, rows, &columns))
             })
             .await?;
             timer.stop();
@@ -268,9 +285,10 @@ impl<B: JoinBackend> DeviceJoin<B> {
         }
         // Split, or joined by DataFusion's operator: every column whole.
         let assembler = backend.clone();
-        let batch =
-            run_blocking("collecting the build side", move || concat_in_parallel(&assembler, &schema, &batches, rows))
-                .await?;
+        let batch = run_blocking("collecting the build side", move || {
+            on_build_pool(|| concat_in_parallel(&assembler, &schema, &batches, rows))
+        })
+        .await?;
         timer.done();
         if !self.definition.splits_into_passes() {
             log::warn!(
@@ -316,6 +334,9 @@ impl<B: JoinBackend> DeviceJoin<B> {
     async fn prepare(&self, backend: &B, metrics: &GpuJoinMetrics, rows: HostRows) -> Result<BuildSide<B>> {
         let _prepare = metrics.build_prepare_time.timer();
         let (backend, definition, timers) = (backend.clone(), Arc::clone(&self.definition), metrics.phases.clone());
-        run_blocking("preparing the build side", move || prepare_build_side(&backend, &definition, rows, &timers)).await
+        run_blocking("preparing the build side", move || {
+            on_build_pool(|| prepare_build_side(&backend, &definition, rows, &timers))
+        })
+        .await
     }
 }

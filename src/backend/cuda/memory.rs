@@ -413,8 +413,7 @@ fn upload_bytes(
         let host = Box::new(loan).into_buffer(len)?;
         // SAFETY: the destination holds `len` bytes; the source stays alive
         // and unwritten (held below) until the stream is waited for.
-        unsafe { result::memcpy_htod_async(destination, host.as_slice(), stream) }
-            .map_err(|e| cuda_error(what, e))?;
+        unsafe { result::memcpy_htod_async(destination, host.as_slice(), stream) }.map_err(|e| cuda_error(what, e))?;
         instance.reads.hold(host);
         return Ok(());
     }
