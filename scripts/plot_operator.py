@@ -8,6 +8,7 @@ version and workload, all from the same machine kind; see docs/benchmarks.md).
 """
 import csv
 import sys
+import textwrap
 
 import matplotlib
 
@@ -25,8 +26,12 @@ SERIES = [
 def main(source, target):
     rows = list(csv.DictReader(open(source)))
     # Workload, then the code's name and its commit, on lines of their own.
-    labels = [r["workload"] + "\n" + r["code"].replace(" (", "\n(") for r in rows]
-    figure, axis = plt.subplots(figsize=(13, 5.5))
+    # Names wrapped so that neighbouring labels do not run into each other.
+    labels = [
+        r["workload"] + "\n" + "\n".join(textwrap.wrap(r["code"].split(" (")[0], 14)) + "\n(" + r["code"].split(" (")[1]
+        for r in rows
+    ]
+    figure, axis = plt.subplots(figsize=(15, 6))
     width = 0.8 / len(SERIES)
     for i, (column, name) in enumerate(SERIES):
         x = [j + (i - (len(SERIES) - 1) / 2) * width for j in range(len(rows))]

@@ -10,10 +10,13 @@ pub(crate) struct GpuJoinMetrics {
     pub baseline: BaselineMetrics,
     pub build_rows: Count,
     pub probe_rows: Count,
-    /// Collecting the build side from its input, before the transform.
+    /// Collecting the build side from its input and assembling it on the
+    /// host, before the transform; counted in the partition that collected
+    /// it.
     pub build_collect_time: Time,
     /// Preparing the collected build side on the device (keys encoded,
-    /// uploads, transform), as the partition that prepared it waited.
+    /// uploads, transform), in the task that places it; counted in the
+    /// partition that collected it.
     pub build_prepare_time: Time,
     /// Assembling DataFusion's probe batches into chunks on the host.
     pub probe_staging_time: Time,
