@@ -4,8 +4,8 @@
 //! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys; one
 //! payload column per side (narrow) or two (wide); 4-byte keys and payloads
 //! unless stated. Each algorithm's time is the sum of transform (partition
-//! both sides), match (matched positions) and materialize (gather every
-//! payload column of both sides). Criterion measures the total; the table
+//! or sort both sides), match (matched positions) and materialize (gather
+//! every payload column of both sides). Criterion measures the total; the table
 //! printed at the end gives the median of each phase over the measured runs.
 //!
 //! ```text
@@ -126,13 +126,31 @@ fn upload_side<K: NormalizedKey>(gpu: &CudaBackend, keys: &[u64], payloads: usiz
     Side { keys: gpu.upload(&keys).expect("key upload"), payloads }
 }
 
+/// Whether payloads travel with the keys through the transform.
 #[derive(Debug, Clone, Copy)]
 enum Pattern {
-    /// PHJ-OM: payloads partitioned with the keys, clustered gathers (GFTR).
+    /// -OM: payloads transformed with the keys, clustered gathers (GFTR).
     Transformed,
-    /// PHJ-UM: keys partitioned with row ids, gathers by row id (GFUR).
+    /// -UM: keys transformed with row ids, gathers by row id (GFUR).
     Untransformed,
 }
+
+/// How both sides are transformed and matched.
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    /// Radix partitions, then a hash table per partition.
+    PartitionedHash,
+    /// Sorted by key, then merged.
+    SortMerge,
+}
+
+/// The algorithms measured, with the paper's names.
+const ALGORITHMS: [(&str, Method, Pattern); 4] = [
+    ("PHJ-OM", Method::PartitionedHash, Pattern::Transformed),
+    ("PHJ-UM", Method::PartitionedHash, Pattern::Untransformed),
+    ("SMJ-OM", Method::SortMerge, Pattern::Transformed),
+    ("SMJ-UM", Method::SortMerge, Pattern::Untransformed),
+];
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Phases {
@@ -147,17 +165,25 @@ impl Phases {
     }
 }
 
-/// One partitioned hash join, phase by phase.
-fn run<K: NormalizedKey>(gpu: &CudaBackend, build: &Side<K>, probe: &Side<K>, pattern: Pattern) -> (Phases, usize) {
+/// One join, phase by phase.
+fn run<K: NormalizedKey>(
+    gpu: &CudaBackend,
+    build: &Side<K>,
+    probe: &Side<K>,
+    method: Method,
+    pattern: Pattern,
+) -> (Phases, usize) {
     let spec = PartitionSpec::for_build_rows(gpu.len(&build.keys), gpu.partition_target_rows());
     let start = Instant::now();
     let transform = |side: &Side<K>| -> Transformed<CudaBackend, K> {
-        match pattern {
-            Pattern::Transformed => {
-                let payloads: Vec<&CudaColumn> = side.payloads.iter().collect();
-                gpu.partition(&side.keys, &payloads, false, spec).expect("partition")
-            }
-            Pattern::Untransformed => gpu.partition(&side.keys, &[], true, spec).expect("partition"),
+        let payloads: Vec<&CudaColumn> = match pattern {
+            Pattern::Transformed => side.payloads.iter().collect(),
+            Pattern::Untransformed => vec![],
+        };
+        let with_row_ids = matches!(pattern, Pattern::Untransformed);
+        match method {
+            Method::PartitionedHash => gpu.partition(&side.keys, &payloads, with_row_ids, spec).expect("partition"),
+            Method::SortMerge => gpu.sort(&side.keys, &payloads, with_row_ids).expect("sort"),
         }
     };
     let (build_t, probe_t) = (transform(build), transform(probe));
@@ -168,7 +194,10 @@ fn run<K: NormalizedKey>(gpu: &CudaBackend, build: &Side<K>, probe: &Side<K>, pa
         Pattern::Transformed => (Space::Transformed, Space::Transformed),
         Pattern::Untransformed => (Space::Original, Space::Original),
     };
-    let matches = gpu.hash_match(&build_t, &probe_t, spaces).expect("match");
+    let matches = match method {
+        Method::PartitionedHash => gpu.hash_match(&build_t, &probe_t, spaces).expect("match"),
+        Method::SortMerge => gpu.merge_match(&build_t, &probe_t, spaces).expect("match"),
+    };
     gpu.finish().expect("match");
     let matched = start.elapsed();
 
@@ -216,13 +245,13 @@ fn bench_workload<K: NormalizedKey>(
     drop((build_keys, probe_keys));
     let mut group = c.benchmark_group(workload.name);
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    for (label, pattern) in [("PHJ-OM", Pattern::Transformed), ("PHJ-UM", Pattern::Untransformed)] {
+    for (label, method, pattern) in ALGORITHMS {
         let runs = Mutex::new(vec![]);
         group.bench_function(label, |b| {
             b.iter_custom(|iterations| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iterations {
-                    let (phases, rows) = run(gpu, &build, &probe, pattern);
+                    let (phases, rows) = run(gpu, &build, &probe, method, pattern);
                     total += phases.total();
                     runs.lock().expect("runs").push((phases, rows));
                 }
