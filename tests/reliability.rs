@@ -121,6 +121,21 @@ async fn a_cancelled_join_frees_its_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_cancelled_while_its_build_side_is_placed_frees_its_memory() {
+    let ctx = gpu_session(&[]).await;
+    let start_level = test_backend().device_memory_in_use();
+    // Dropped at once and a little later: while the build side is being
+    // collected, placed by its task, or already joined.
+    for delay in [0, 1, 5, 20] {
+        let query = "select p, q from r join s on r.k = s.k";
+        let stream = ctx.sql(query).await.expect("planned").execute_stream().await.expect("a stream");
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        drop(stream);
+        assert!(memory_returns_to(&ctx, start_level).await, "memory stayed held after cancelling at {delay} ms");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allocation_failures_are_retried_or_fall_back() {
     let expected = expected_results().await;
     // One failure per partition: the chunk is joined again, alone.
