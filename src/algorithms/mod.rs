@@ -22,7 +22,7 @@ mod strategy;
 
 pub use definition::{JoinDefinition, OutputColumn};
 pub use pipeline::{
-    BuildSide, HostRows, LoadedChunk, PhaseTimers, finish_build_side, join_probe_chunk, load_probe_chunk,
-    prepare_build_side,
+    BuildSide, HostRows, LoadedChunk, PhaseTimers, evaluate_keys, finish_build_side, join_probe_chunk,
+    load_probe_chunk, prepare_build_side,
 };
 pub use strategy::{Algorithm, Strategy};

@@ -20,7 +20,7 @@ use super::semantics::{ProbeSummary, build_side_rows, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
 use super::{JoinDefinition, Strategy};
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
-use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey};
+use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
 
 /// Where the time of a join goes, phase by phase.
 #[derive(Debug, Clone, Default)]
@@ -142,7 +142,8 @@ impl<B: JoinBackend> BuildSide<B> {
     }
 }
 
-fn evaluate_keys(expressions: &[PhysicalExprRef], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+/// The values of a side's key expressions on one of its batches.
+pub fn evaluate_keys(expressions: &[PhysicalExprRef], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
     expressions.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect()
 }
 
@@ -221,16 +222,21 @@ fn needs_row_ids<C>(
         || (side == JoinSide::Left && definition.null_aware)
 }
 
-/// Collects nothing itself: `rows` are the whole build side.
+/// Collects nothing itself: `rows` are the whole build side, and `ranges`
+/// the spans of its keys where they were gathered as it was collected.
 pub fn prepare_build_side<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     rows: HostRows,
+    ranges: Option<&KeyRanges>,
     timers: &PhaseTimers,
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
     let staged_keys = StagedKeys::evaluate(&definition.build_keys, &rows.parts)?;
-    let encoder = KeyEncoder::for_build_side(&staged_keys.pieces, definition.null_equality)?;
+    let encoder = match ranges {
+        Some(ranges) => KeyEncoder::for_key_ranges(ranges, definition.null_equality)?,
+        None => KeyEncoder::for_build_side(&staged_keys.pieces, definition.null_equality)?,
+    };
     let keys = match encoder.exactness() == KeyExactness::NeedsVerification || definition.null_aware {
         true => staged_keys.concatenated()?,
         false => vec![],

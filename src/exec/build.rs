@@ -17,6 +17,7 @@ use datafusion::common::{JoinSide, exec_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -30,9 +31,10 @@ use super::passes::{BuildPasses, pass_count, split_by_pass};
 use super::runner::PartitionInputs;
 use super::staging::{assemble_rows, concat_in_parallel};
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
-use crate::algorithms::{BuildSide, HostRows, JoinDefinition, prepare_build_side};
+use crate::algorithms::{BuildSide, HostRows, JoinDefinition, evaluate_keys, prepare_build_side};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
+use crate::keys::KeyRanges;
 
 /// What a build side became once placed.
 pub(crate) enum CollectedBuild<B: JoinBackend> {
@@ -83,6 +85,8 @@ struct CollectedInput<B: JoinBackend> {
     options: GpuJoinConfig,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
+    /// The spans of its keys; `None` when it has no batch.
+    ranges: Option<KeyRanges>,
     rows: usize,
     /// Device bytes its transform would hold at its peak.
     bytes: u64,
@@ -127,16 +131,17 @@ fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) ->
 }
 
 /// The batches of partition `partition` of the build input, in host memory
-/// accounted in `reservation`. A build input coalesced from several
-/// partitions is read one task per partition, rather than batch by batch
-/// through the coalescing channel, which costs more than the copy for
-/// DataFusion's small batches.
+/// accounted in `reservation`, and the spans of their keys (`keys`). A
+/// build input coalesced from several partitions is read one task per
+/// partition, rather than batch by batch through the coalescing channel,
+/// which costs more than the copy for DataFusion's small batches.
 async fn collect_input(
     left: &Arc<dyn ExecutionPlan>,
     partition: usize,
     context: &Arc<TaskContext>,
     reservation: &Arc<MemoryReservation>,
-) -> Result<Vec<RecordBatch>> {
+    keys: &[PhysicalExprRef],
+) -> Result<(Vec<RecordBatch>, Option<KeyRanges>)> {
     let (plan, partitions) = match left.downcast_ref::<CoalescePartitionsExec>() {
         Some(coalesce) if coalesce.fetch().is_none() => {
             (coalesce.input(), 0..coalesce.input().output_partitioning().partition_count())
@@ -146,25 +151,40 @@ async fn collect_input(
     let tasks = partitions
         .map(|p| {
             let stream = plan.execute(p, Arc::clone(context))?;
-            let reservation = Arc::clone(reservation);
+            let (reservation, keys) = (Arc::clone(reservation), keys.to_vec());
             Ok(SpawnedTask::spawn(async move {
                 stream
-                    .and_then(|batch| {
-                        let grown = reservation.try_grow(batch.get_array_memory_size());
-                        async move { grown.map(|_| batch) }
+                    .try_fold((vec![], None), |(mut batches, ranges): Collected, batch| {
+                        let collected = reservation.try_grow(batch.get_array_memory_size()).and_then(|_| {
+                            let piece = KeyRanges::of_piece(&evaluate_keys(&keys, &batch)?);
+                            batches.push(batch);
+                            Ok((batches, merge_ranges(ranges, Some(piece))))
+                        });
+                        async move { collected }
                     })
-                    .try_collect::<Vec<_>>()
                     .await
             }))
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut batches = vec![];
+    let (mut batches, mut ranges) = (vec![], None);
     for task in tasks {
         let collected =
             task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))?;
-        batches.extend(collected?);
+        let (part, part_ranges) = collected?;
+        batches.extend(part);
+        ranges = merge_ranges(ranges, part_ranges);
     }
-    Ok(batches)
+    Ok((batches, ranges))
+}
+
+/// Batches collected so far, and the spans of their keys.
+type Collected = (Vec<RecordBatch>, Option<KeyRanges>);
+
+fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option<KeyRanges> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.merge(b)),
+        (ranges, None) | (None, ranges) => ranges,
+    }
 }
 
 /// A permit of the device's admission, its wait counted.
@@ -200,7 +220,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
         let reservation = Arc::new(reservation);
-        let batches = collect_input(&inputs.left, partition, &inputs.context, &reservation).await?;
+        let (batches, ranges) =
+            collect_input(&inputs.left, partition, &inputs.context, &reservation, &self.definition.build_keys).await?;
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
@@ -217,6 +238,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             options: options.clone(),
             schema,
             batches,
+            ranges,
             rows,
             bytes,
             passes,
@@ -253,6 +275,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             options,
             schema,
             batches,
+            ranges,
             rows,
             bytes,
             mut passes,
@@ -271,7 +294,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             })
             .await?;
             timer.stop();
-            match self.prepare_admitted(&backend, &metrics, &options, host_rows).await {
+            match self.prepare_admitted(&backend, &metrics, &options, host_rows, ranges).await {
                 Ok(side) => {
                     return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
                 }
@@ -309,33 +332,41 @@ impl<B: JoinBackend> DeviceJoin<B> {
 
     /// Prepares a build side (or one pass of it) under the device's
     /// admission; one that runs out of memory is prepared again, alone on
-    /// the device. Its host memory is accounted by whoever collected it.
+    /// the device. Its host memory is accounted by whoever collected it;
+    /// `ranges`, the spans of its keys, by whoever gathered them.
     pub async fn prepare_admitted(
         &self,
         backend: &B,
         metrics: &GpuJoinMetrics,
         options: &GpuJoinConfig,
         rows: HostRows,
+        ranges: Option<KeyRanges>,
     ) -> Result<BuildSide<B>> {
         let _compute = metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
         let permit = admitted(metrics, admission.shared(options.concurrent_tasks)).await?;
-        match self.prepare(backend, metrics, rows.clone()).await {
+        match self.prepare(backend, metrics, rows.clone(), ranges.clone()).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
                 let _permit = admitted(metrics, admission.exclusive()).await?;
-                self.prepare(backend, metrics, rows).await
+                self.prepare(backend, metrics, rows, ranges).await
             }
             prepared => prepared,
         }
     }
 
-    async fn prepare(&self, backend: &B, metrics: &GpuJoinMetrics, rows: HostRows) -> Result<BuildSide<B>> {
+    async fn prepare(
+        &self,
+        backend: &B,
+        metrics: &GpuJoinMetrics,
+        rows: HostRows,
+        ranges: Option<KeyRanges>,
+    ) -> Result<BuildSide<B>> {
         let _prepare = metrics.build_prepare_time.timer();
         let (backend, definition, timers) = (backend.clone(), Arc::clone(&self.definition), metrics.phases.clone());
         run_blocking("preparing the build side", move || {
-            on_build_pool(|| prepare_build_side(&backend, &definition, rows, &timers))
+            on_build_pool(|| prepare_build_side(&backend, &definition, rows, ranges.as_ref(), &timers))
         })
         .await
     }

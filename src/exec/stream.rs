@@ -171,7 +171,7 @@ impl<B: JoinBackend> Partition<'_, B> {
             BuildSource::Pass(passes, pass) => {
                 let prepare = |piece| {
                     let rows = HostRows::whole(piece);
-                    self.join.prepare_admitted(&self.build_backend, &self.inputs.metrics, self.options, rows)
+                    self.join.prepare_admitted(&self.build_backend, &self.inputs.metrics, self.options, rows, None)
                 };
                 Ok(BuildNow::Ready(passes.acquire(*pass, prepare).await?))
             }

@@ -27,6 +27,7 @@ use datafusion::error::Result;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
 use crate::backend::Element;
+pub use packed::KeyRanges;
 use packed::{PARALLEL_ROWS, PackedLayout};
 use rayon::prelude::*;
 
@@ -115,10 +116,15 @@ impl KeyEncoder {
     /// Chooses the encoding for a join from its build-side key columns,
     /// given in pieces: the key columns of each batch of the build side.
     pub fn for_build_side(pieces: &[Vec<ArrayRef>], null_equality: NullEquality) -> Result<Self> {
-        if pieces.first().is_none_or(Vec::is_empty) {
+        Self::for_key_ranges(&KeyRanges::of_pieces(pieces), null_equality)
+    }
+
+    /// The encoder for a build side whose key columns span `ranges`.
+    pub fn for_key_ranges(ranges: &KeyRanges, null_equality: NullEquality) -> Result<Self> {
+        if ranges.columns() == 0 {
             return internal_err!("a join needs at least one key column");
         }
-        let scheme = match PackedLayout::try_new(pieces, null_equality)? {
+        let scheme = match PackedLayout::try_new(ranges, null_equality)? {
             Some(layout) => Scheme::Packed(layout),
             None => Scheme::Hashed,
         };

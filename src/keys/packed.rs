@@ -166,11 +166,66 @@ where
     Some((min(array)?.to_i128(), max(array)?.to_i128()))
 }
 
-/// The smallest and largest value of a key column given in pieces, over
-/// slices of at most `PARALLEL_ROWS` rows in parallel: `Some(None)` when it
-/// holds no value, `None` when it is not integer-like.
-fn column_range(pieces: &[&ArrayRef]) -> Option<Option<(i128, i128)>> {
+/// The span of one key column: `None` when it is not integer-like (its keys
+/// are hashed), else its smallest and largest value, `None` while it holds
+/// none. Booleans span both values.
+type ColumnSpan = Option<Option<(i128, i128)>>;
+
+/// The span of one piece of a key column, on the calling thread.
+fn piece_span(array: &dyn Array) -> ColumnSpan {
+    match array.data_type() {
+        DataType::Boolean => Some(Some((0, 1))),
+        _ => with_integer_array!(array, typed => Some(value_range(typed)), other => None),
+    }
+}
+
+fn union(a: Option<(i128, i128)>, b: Option<(i128, i128)>) -> Option<(i128, i128)> {
+    match (a, b) {
+        (Some((lo1, hi1)), Some((lo2, hi2))) => Some((lo1.min(lo2), hi1.max(hi2))),
+        (range, None) | (None, range) => range,
+    }
+}
+
+/// The spans of a build side's key columns. They can be gathered batch by
+/// batch while the build side is collected, so that the encoder is ready
+/// when the rows are in, rather than after another pass over the keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRanges(Vec<ColumnSpan>);
+
+impl KeyRanges {
+    /// The spans of one piece's key columns, on the calling thread.
+    pub fn of_piece(keys: &[ArrayRef]) -> Self {
+        Self(keys.iter().map(|key| piece_span(key.as_ref())).collect())
+    }
+
+    /// The spans of the rows of both.
+    pub fn merge(self, other: Self) -> Self {
+        let spans = self.0.into_iter().zip(other.0).map(|(a, b)| Some(union(a?, b?)));
+        Self(spans.collect())
+    }
+
+    /// The spans of key columns given in pieces, over slices in parallel.
+    pub(super) fn of_pieces(pieces: &[Vec<ArrayRef>]) -> Self {
+        let columns = pieces.first().map_or(0, Vec::len);
+        Self(
+            (0..columns)
+                .map(|c| column_span(&pieces.iter().filter_map(|keys| keys.get(c)).collect::<Vec<_>>()))
+                .collect(),
+        )
+    }
+
+    pub(super) fn columns(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The span of a key column given in pieces, over slices of at most
+/// `PARALLEL_ROWS` rows in parallel.
+fn column_span(pieces: &[&ArrayRef]) -> ColumnSpan {
     let first = pieces.first()?;
+    if first.data_type() == &DataType::Boolean {
+        return Some(Some((0, 1)));
+    }
     with_integer_array!(first.as_ref(), _typed => (), other => return None);
     let slices: Vec<ArrayRef> = pieces
         .iter()
@@ -180,11 +235,8 @@ fn column_range(pieces: &[&ArrayRef]) -> Option<Option<(i128, i128)>> {
                 .map(|start| piece.slice(start, PARALLEL_ROWS.min(piece.len() - start)))
         })
         .collect();
-    let ranges = slices
-        .par_iter()
-        .map(|slice| with_integer_array!(slice.as_ref(), typed => Some(value_range(typed)), other => None))
-        .collect::<Option<Vec<_>>>()?;
-    Some(ranges.into_iter().flatten().reduce(|(lo1, hi1), (lo2, hi2)| (lo1.min(lo2), hi1.max(hi2))))
+    let ranges = slices.par_iter().map(|slice| piece_span(slice.as_ref())).collect::<Option<Vec<_>>>()?;
+    Some(ranges.into_iter().fold(None, union))
 }
 
 /// Bits needed to store codes `0..count`.
@@ -193,20 +245,14 @@ fn bits_for(count: u128) -> u32 {
 }
 
 impl PackedLayout {
-    /// A layout for the build side's key columns, given in pieces (each
-    /// piece's columns), or `None` when a column is not integer-like or the
-    /// ranges do not fit in 63 bits.
-    pub(super) fn try_new(pieces: &[Vec<ArrayRef>], null_equality: NullEquality) -> Result<Option<Self>> {
+    /// A layout for the build side's key columns of these spans, or `None`
+    /// when a column is not integer-like or the ranges do not fit in 63 bits.
+    pub(super) fn try_new(spans: &KeyRanges, null_equality: NullEquality) -> Result<Option<Self>> {
         let null_slot = null_equality == NullEquality::NullEqualsNull;
-        let key_columns = pieces.first().map_or(0, Vec::len);
-        let mut columns = Vec::with_capacity(key_columns);
-        for c in 0..key_columns {
-            let range = match pieces[0][c].data_type() {
-                DataType::Boolean => Some((0, 1)),
-                _ => match column_range(&pieces.iter().filter_map(|keys| keys.get(c)).collect::<Vec<_>>()) {
-                    Some(range) => range,
-                    None => return Ok(None),
-                },
+        let mut columns = Vec::with_capacity(spans.columns());
+        for span in &spans.0 {
+            let Some(range) = *span else {
+                return Ok(None);
             };
             let codes = match range {
                 Some((lo, hi)) => match hi.checked_sub(lo) {

@@ -127,6 +127,31 @@ fn a_build_side_in_pieces_encodes_as_the_whole() {
 }
 
 #[test]
+fn key_ranges_gathered_piece_by_piece_choose_the_same_encoding() {
+    let int_keys: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(vec![Some(40), Some(-3), None, Some(7), Some(12), Some(-9)])),
+        Arc::new(BooleanArray::from(vec![Some(true), None, Some(false), Some(true), None, Some(false)])),
+    ];
+    let string_keys: Vec<ArrayRef> = vec![
+        Arc::new(Int32Array::from(vec![Some(1), Some(2), Some(3), None, Some(5), Some(0)])),
+        Arc::new(StringArray::from(vec![Some("a"), Some("b"), None, Some("d"), Some("e"), Some("f")])),
+    ];
+    for whole in [int_keys, string_keys] {
+        let pieces: Vec<Vec<ArrayRef>> = [(0, 2), (2, 0), (2, 3), (5, 1)]
+            .iter()
+            .map(|&(at, len)| whole.iter().map(|k| k.slice(at, len)).collect())
+            .collect();
+        let ranges = pieces.iter().map(|keys| KeyRanges::of_piece(keys)).reduce(KeyRanges::merge).unwrap();
+        for nulls in [NullEquality::NullEqualsNothing, NullEquality::NullEqualsNull] {
+            let from_pieces = KeyEncoder::for_build_side(&pieces, nulls).unwrap();
+            let from_ranges = KeyEncoder::for_key_ranges(&ranges, nulls).unwrap();
+            assert_eq!(from_pieces.describe(), from_ranges.describe());
+            assert_eq!(from_pieces.encode(&whole).unwrap(), from_ranges.encode(&whole).unwrap());
+        }
+    }
+}
+
+#[test]
 fn a_string_key_hashes_even_when_its_pieces_are_empty() {
     let piece: Vec<ArrayRef> =
         vec![Arc::new(Int32Array::from(Vec::<i32>::new())), Arc::new(StringArray::from(Vec::<&str>::new()))];
