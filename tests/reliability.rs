@@ -177,32 +177,38 @@ async fn build_passes(ctx: &SessionContext, query: &str) -> Option<usize> {
     text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn build_sides_split_into_passes_match_datafusion() {
+/// Runs every query with `setting`, in both partition modes, and checks
+/// DataFusion's rows: joins that can be split in at least `fewest_passes`
+/// passes, the others (build rows emitted at the end) joined whole by
+/// DataFusion's operator.
+async fn assert_split_or_left_to_datafusion(setting: &str, fewest_passes: usize) {
     let expected = expected_results().await;
     for collect in ["true", "false"] {
-        // 60,000 build rows in passes of at most 7,000: 16 passes in one
-        // build side, 2 to 4 in each of 4 partitioned ones.
         let ctx = gpu_session(&[
-            "set gpu_join.build_pass_rows = 7000",
+            setting,
             &format!("set gpu_join.collect_build_side = {collect}"),
             "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
             "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
         ])
         .await;
         for (query, expected) in QUERIES.iter().zip(&expected) {
-            let label = format!("{query} (collect_build_side = {collect})");
+            let label = format!("{query} ({setting}, collect_build_side = {collect})");
             assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
             let passes = build_passes(&ctx, query).await;
             if query.contains("left join") || query.contains("full join") {
-                // Build rows are emitted at the end: DataFusion's operator
-                // joins the whole probe side instead.
                 assert!(passes.is_none_or(|p| p == 0), "{label}: split into {passes:?} passes");
             } else if query.contains(" join ") {
-                assert!(passes.is_some_and(|p| p >= 2), "{label}: split into {passes:?} passes");
+                assert!(passes.is_some_and(|p| p >= fewest_passes), "{label}: split into {passes:?} passes");
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn build_sides_split_into_passes_match_datafusion() {
+    // 60,000 build rows in passes of at most 7,000: 16 passes in one build
+    // side, 2 to 4 in each of 4 partitioned ones.
+    assert_split_or_left_to_datafusion("set gpu_join.build_pass_rows = 7000", 2).await;
     // Partitions drained one after another still finish: none waits for
     // another to make progress.
     let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000"]).await;
@@ -224,29 +230,9 @@ async fn build_sides_split_into_passes_match_datafusion() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn build_sides_that_do_not_fit_after_all_are_split_or_left_to_datafusion() {
-    let expected = expected_results().await;
-    for collect in ["true", "false"] {
-        // Estimated to fit, so probe chunks are staged while the build side
-        // is prepared; its preparation then runs out of memory, shared and
-        // alone.
-        let ctx = gpu_session(&[
-            "set gpu_join.inject_build_allocation_failures = 2",
-            &format!("set gpu_join.collect_build_side = {collect}"),
-            "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
-            "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-        ])
-        .await;
-        for (query, expected) in QUERIES.iter().zip(&expected) {
-            let label = format!("{query} (collect_build_side = {collect})");
-            assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
-            let passes = build_passes(&ctx, query).await;
-            if query.contains("left join") || query.contains("full join") {
-                assert!(passes.is_none_or(|p| p == 0), "{label}: split into {passes:?} passes");
-            } else if query.contains(" join ") {
-                assert!(passes.is_some_and(|p| p >= 4), "{label}: split into {passes:?} passes");
-            }
-        }
-    }
+    // Estimated to fit, so probe chunks are staged while the build side is
+    // prepared; its preparation then runs out of memory, shared and alone.
+    assert_split_or_left_to_datafusion("set gpu_join.inject_build_allocation_failures = 2", 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
