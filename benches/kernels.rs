@@ -3,7 +3,8 @@
 //!
 //! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys; one
 //! payload column per side (narrow) or two (wide); 4-byte keys and payloads
-//! unless stated. Each algorithm's time is the sum of transform (partition
+//! unless stated. One more workload has many duplicates: 2^24 build rows
+//! whose keys take 1,000 distinct values, and 2^12 probe rows over them. Each algorithm's time is the sum of transform (partition
 //! or sort both sides), match (matched positions) and materialize (gather
 //! every payload column of both sides). Criterion measures the total; the table
 //! printed at the end gives the median of each phase over the measured runs.
@@ -12,7 +13,12 @@
 //! cargo bench --bench kernels [-- --quick]       # GPU machine only
 //! GPU_JOIN_BENCH_SCALE=4 cargo bench --bench kernels   # 1/4 of the sizes
 //! GPU_JOIN_BENCH_ONLY='narrow|wide' cargo bench --bench kernels  # only these workloads
+//! GPU_JOIN_BENCH_FULL_SORT=1 cargo bench --bench kernels  # also SMJ-OM sorting every key bit
 //! ```
+//!
+//! The sort-merge join sorts by the key bits a packed encoding of the build
+//! side's keys would use (its values' bits and one more), as the operator
+//! does.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +27,7 @@ use arrow::array::{ArrayRef, Int32Array, Int64Array};
 use criterion::{Criterion, criterion_group, criterion_main};
 use datafusion_gpu_join::backend::cuda::{CudaBackend, CudaColumn};
 use datafusion_gpu_join::backend::{
-    BackendHandle, DeviceCounters, JoinBackend, PartitionSpec, Space, Transformed, cuda_backend,
+    BackendHandle, DeviceCounters, JoinBackend, PartitionSpec, SortSpec, Space, Transformed, cuda_backend,
 };
 use datafusion_gpu_join::config::GpuJoinConfig;
 use datafusion_gpu_join::keys::NormalizedKey;
@@ -42,6 +48,9 @@ struct Workload {
     match_ratio: f64,
     /// Zipf exponent of S's foreign keys (0 = uniform).
     zipf: f64,
+    /// Distinct values of R's keys, when they repeat; S's keys are uniform
+    /// over them.
+    distinct_build_keys: Option<u64>,
 }
 
 fn workloads(scale: usize) -> Vec<Workload> {
@@ -54,6 +63,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
         wide_values: false,
         match_ratio: 1.0,
         zipf: 0.0,
+        distinct_build_keys: None,
     };
     vec![
         Workload { name: "narrow", ..base },
@@ -62,6 +72,13 @@ fn workloads(scale: usize) -> Vec<Workload> {
         Workload { name: "wide, zipf 1.0, R = S rows", payloads: 2, probe_rows: r, zipf: 1.0, ..base },
         Workload { name: "narrow, 8-byte keys and payloads", wide_values: true, ..base },
         Workload { name: "wide, 8-byte keys and payloads", payloads: 2, wide_values: true, ..base },
+        Workload {
+            name: "narrow, 1000 distinct build keys",
+            build_rows: (1 << 24) / scale,
+            probe_rows: 1 << 12,
+            distinct_build_keys: Some(1000),
+            ..base
+        },
     ]
 }
 
@@ -87,6 +104,10 @@ fn zipf_keys(rng: &mut StdRng, n: usize, count: usize, exponent: f64) -> Vec<u64
 /// above every S key.
 fn keys(workload: &Workload, rng: &mut StdRng) -> (Vec<u64>, Vec<u64>) {
     let r = workload.build_rows as u64;
+    if let Some(distinct) = workload.distinct_build_keys {
+        let mut uniform = |rows| (0..rows).map(|_| rng.random_range(0..distinct)).collect::<Vec<u64>>();
+        return (uniform(workload.build_rows), uniform(workload.probe_rows));
+    }
     let mut build: Vec<u64> = (0..r).collect();
     build.shuffle(rng);
     let matchable = (r as f64 * workload.match_ratio) as u64;
@@ -112,18 +133,26 @@ fn payload(rows: usize, wide: bool, salt: i64) -> ArrayRef {
     }
 }
 
-/// A side on the device: its keys and payload columns.
+/// A side on the device: its keys and payload columns, and the key bits a
+/// sort orders by.
 struct Side<K: NormalizedKey> {
     keys: <CudaBackend as JoinBackend>::Vector<K>,
     payloads: Vec<CudaColumn>,
+    sort: SortSpec,
 }
 
-fn upload_side<K: NormalizedKey>(gpu: &CudaBackend, keys: &[u64], payloads: usize, wide: bool, salt: i64) -> Side<K> {
+fn upload_side<K: NormalizedKey>(
+    gpu: &CudaBackend,
+    keys: &[u64],
+    (payloads, wide): (usize, bool),
+    salt: i64,
+    sort: SortSpec,
+) -> Side<K> {
     let keys: Vec<K> = keys.par_iter().map(|&k| K::from_u64(k)).collect();
     let payloads = (0..payloads)
         .map(|i| gpu.upload_column(&payload(keys.len(), wide, salt + i as i64)).expect("payload upload"))
         .collect();
-    Side { keys: gpu.upload(&keys).expect("key upload"), payloads }
+    Side { keys: gpu.upload(&keys).expect("key upload"), payloads, sort }
 }
 
 /// Whether payloads travel with the keys through the transform.
@@ -142,6 +171,8 @@ enum Method {
     PartitionedHash,
     /// Sorted by key, then merged.
     SortMerge,
+    /// As `SortMerge`, sorting by every bit of the key.
+    SortMergeFullWidth,
 }
 
 /// The algorithms measured, with the paper's names.
@@ -183,7 +214,10 @@ fn run<K: NormalizedKey>(
         let with_row_ids = matches!(pattern, Pattern::Untransformed);
         match method {
             Method::PartitionedHash => gpu.partition(&side.keys, &payloads, with_row_ids, spec).expect("partition"),
-            Method::SortMerge => gpu.sort(&side.keys, &payloads, with_row_ids).expect("sort"),
+            Method::SortMerge => gpu.sort(&side.keys, &payloads, with_row_ids, side.sort).expect("sort"),
+            Method::SortMergeFullWidth => {
+                gpu.sort(&side.keys, &payloads, with_row_ids, SortSpec::full::<K>()).expect("sort")
+            }
         }
     };
     let (build_t, probe_t) = (transform(build), transform(probe));
@@ -196,7 +230,7 @@ fn run<K: NormalizedKey>(
     };
     let matches = match method {
         Method::PartitionedHash => gpu.hash_match(&build_t, &probe_t, spaces).expect("match"),
-        Method::SortMerge => gpu.merge_match(&build_t, &probe_t, spaces).expect("match"),
+        Method::SortMerge | Method::SortMergeFullWidth => gpu.merge_match(&build_t, &probe_t, spaces).expect("match"),
     };
     gpu.finish().expect("match");
     let matched = start.elapsed();
@@ -240,12 +274,19 @@ fn bench_workload<K: NormalizedKey>(
 ) {
     let mut rng = StdRng::seed_from_u64(0x6a6f696e);
     let (build_keys, probe_keys) = keys(workload, &mut rng);
-    let build = upload_side::<K>(gpu, &build_keys, workload.payloads, workload.wide_values, 1);
-    let probe = upload_side::<K>(gpu, &probe_keys, workload.payloads, workload.wide_values, 2);
+    // Every probe key lies within the build side's range here.
+    let value_bits = build_keys.iter().max().map_or(0, |k| u64::BITS - k.leading_zeros());
+    let sort = SortSpec::for_value_bits::<K>(value_bits);
+    let columns = (workload.payloads, workload.wide_values);
+    let build = upload_side::<K>(gpu, &build_keys, columns, 1, sort);
+    let probe = upload_side::<K>(gpu, &probe_keys, columns, 2, sort);
     drop((build_keys, probe_keys));
     let mut group = c.benchmark_group(workload.name);
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    for (label, method, pattern) in ALGORITHMS {
+    let full_sort = std::env::var_os("GPU_JOIN_BENCH_FULL_SORT").is_some();
+    let full_sort =
+        full_sort.then_some(("SMJ-OM, every key bit sorted", Method::SortMergeFullWidth, Pattern::Transformed));
+    for (label, method, pattern) in ALGORITHMS.into_iter().chain(full_sort) {
         let runs = Mutex::new(vec![]);
         group.bench_function(label, |b| {
             b.iter_custom(|iterations| {

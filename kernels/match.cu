@@ -17,9 +17,12 @@
 // other units' matches (count, then write, He et al.), warps reserving room
 // with one shared-memory atomic add each.
 //
-// Merge match: both relations are sorted; each probe row finds its run of
-// equal build keys by binary search, the run lengths are scanned, and each
-// probe row writes its pairs at its offset (count, then write).
+// Merge match: both relations are sorted. A sorted search by merge path
+// gives each probe row the lower bound of its run of equal build keys.
+// When every probe row matches exactly once (a foreign-key join), the
+// lower bounds are the matches, in probe order. Otherwise a second search
+// gives the upper bounds, the run lengths are scanned and a
+// load-balancing search writes the pairs.
 
 struct WorkUnit {
     u32 build_begin;
@@ -365,49 +368,139 @@ extern "C" __global__ void hash_misplaced(const WorkUnit* units, u32 unit_count,
     if (unit_offsets[u + 1] != offset && (!unit_written[u] || offset != units[u].probe_begin)) *misplaced = 1;
 }
 
+// ---- merge match ----
+
+// Items of the merged order one thread merges, and one block's tile.
+#define SEARCH_ITEMS 12
+#define SEARCH_TILE (BLOCK * SEARCH_ITEMS)
+// Output pairs one thread of the expansion writes.
+#define EXPAND_ITEMS 8
+#define EXPAND_TILE (BLOCK * EXPAND_ITEMS)
+
+// The order of a merge of the sorted probe keys (needles) into the sorted
+// build keys: a needle goes before every build key it is at most, less
+// `bias`. With bias 0 the build keys before a needle are those below it
+// (its lower bound); with bias 1 those at most it (its upper bound).
+// Needles are matchable keys, below the unmatchable key, so `needle + 1`
+// does not wrap.
 template <typename K>
-__device__ __forceinline__ u32 lower_bound(const K* keys, u32 n, K key) {
-    u32 low = 0, high = n;
+__device__ __forceinline__ bool needle_first(K needle, K build, u32 bias) {
+    return needle + (K)bias <= build;
+}
+
+// How many needles are among the first `diagonal` items of the merge of
+// needles[0..n) and build[0..m) (merge path, Green et al.).
+template <typename K>
+__device__ __forceinline__ u32 merge_path(const K* needles, u32 n, const K* build, u32 m, u64 diagonal, u32 bias) {
+    u32 low = diagonal > m ? (u32)(diagonal - m) : 0u;
+    u32 high = (u32)min(diagonal, (u64)n);
     while (low < high) {
-        u32 middle = low + (high - low) / 2;
-        if (keys[middle] < key) low = middle + 1; else high = middle;
+        const u32 middle = low + (high - low) / 2;
+        if (needle_first<K>(needles[middle], build[diagonal - 1 - middle], bias)) low = middle + 1; else high = middle;
     }
     return low;
 }
 
+// splits[t]: needles before tile t's first diagonal, for every tile and
+// the end, so that each tile of the search knows its needles and build
+// keys without searching.
 template <typename K>
-__device__ __forceinline__ u32 upper_bound(const K* keys, u32 n, K key) {
-    u32 low = 0, high = n;
-    while (low < high) {
-        u32 middle = low + (high - low) / 2;
-        if (keys[middle] <= key) low = middle + 1; else high = middle;
+__device__ void merge_splits(const K* needles, u32 n, const K* build, u32 m, u32 bias, u32 tiles, u32* splits) {
+    const u32 t = blockIdx.x * BLOCK + threadIdx.x;
+    if (t > tiles) return;
+    const u64 diagonal = min((u64)t * SEARCH_TILE, (u64)n + m);
+    splits[t] = merge_path<K>(needles, n, build, m, diagonal, bias);
+}
+
+// Sorted search (ModernGPU): every needle's bound among the build keys, for
+// a tile of SEARCH_TILE items of the merged order per block. Both runs of
+// the tile are loaded coalesced into shared memory, each thread merges
+// SEARCH_ITEMS items from its own diagonal, and the bounds leave coalesced.
+// The work per block is the same whatever the keys: long runs of equal
+// keys on either side cost no more than distinct ones.
+//
+// Without `lower`, writes each needle's lower bound to `bounds` (bias 0)
+// and sets `*not_one` when some needle does not match exactly once: the
+// build key at its bound differs, or so does the next one. With `lower`
+// (bias 1), the upper bound less the lower bound is the needle's match
+// count, written to `counts`.
+template <typename K>
+__device__ void merge_search(const K* needles, u32 n, const K* build, u32 m, u32 bias, const u32* splits,
+                             u32* bounds, const u32* lower, u64* counts, u32* not_one) {
+    __shared__ K keys[SEARCH_TILE];
+    __shared__ u32 found[SEARCH_TILE];
+    const u64 first_diagonal = (u64)blockIdx.x * SEARCH_TILE;
+    const u64 end_diagonal = min(first_diagonal + SEARCH_TILE, (u64)n + m);
+    const u32 needle_begin = splits[blockIdx.x], needle_end = splits[blockIdx.x + 1];
+    const u32 build_begin = (u32)(first_diagonal - needle_begin);
+    const u32 needle_count = needle_end - needle_begin;
+    const u32 items = (u32)(end_diagonal - first_diagonal);
+    for (u32 x = threadIdx.x; x < items; x += BLOCK)
+        keys[x] = x < needle_count ? needles[needle_begin + x] : build[build_begin + x - needle_count];
+    __syncthreads();
+    const K* tile_build = keys + needle_count;
+    const u32 build_count = items - needle_count;
+    const u32 diagonal = min(threadIdx.x * SEARCH_ITEMS, items);
+    u32 i = merge_path<K>(keys, needle_count, tile_build, build_count, diagonal, bias);
+    u32 j = diagonal - i;
+#pragma unroll
+    for (u32 step = 0; step < SEARCH_ITEMS; step++) {
+        if (i + j >= items) break;
+        if (i < needle_count && (j >= build_count || needle_first<K>(keys[i], tile_build[j], bias))) {
+            found[i] = build_begin + j;
+            i++;
+        } else {
+            j++;
+        }
     }
-    return low;
+    __syncthreads();
+    bool mismatch = false;
+    for (u32 x = threadIdx.x; x < needle_count; x += BLOCK) {
+        const u32 needle = needle_begin + x;
+        if (lower == nullptr) {
+            const u32 bound = found[x];
+            bounds[needle] = bound;
+            // Both build keys were just read, so these reads hit the cache.
+            mismatch |= bound >= m || build[bound] != keys[x] || (bound + 1 < m && build[bound + 1] == keys[x]);
+        } else {
+            counts[needle] = found[x] - lower[needle];
+        }
+    }
+    if (lower == nullptr && __syncthreads_or(mismatch) && threadIdx.x == 0) atomicOr(not_one, 1u);
 }
 
-// counts[j] = build rows equal to probe row j; first[j] = where they start.
-template <typename K>
-__device__ void merge_count(const K* build_keys, u32 build_rows, const K* probe_keys, u32 probe_rows,
-                            u64* counts, u32* first) {
-    const u64 j = (u64)blockIdx.x * BLOCK + threadIdx.x;
-    if (j >= probe_rows) return;
-    const K key = probe_keys[j];
-    const u32 low = lower_bound<K>(build_keys, build_rows, key);
-    const u32 high = upper_bound<K>(build_keys, build_rows, key);
-    counts[j] = high - low;
-    first[j] = low;
-}
-
-extern "C" __global__ void merge_write(const u32* first, const u64* offsets, u32 probe_rows,
-                                       const u32* build_row_ids, const u32* probe_row_ids,
-                                       u32* out_build, u32* out_probe) {
-    const u64 j = (u64)blockIdx.x * BLOCK + threadIdx.x;
-    if (j >= probe_rows) return;
-    const u64 begin = offsets[j], end = offsets[j + 1];
-    const u32 probe = output_position((u32)j, probe_row_ids);
-    for (u64 at = begin; at < end; at++) {
-        out_build[at] = output_position(first[j] + (u32)(at - begin), build_row_ids);
-        out_probe[at] = probe;
+// Load-balancing search (ModernGPU): each thread writes EXPAND_ITEMS output
+// pairs, finding the probe row of each by a search of the scanned match
+// counts, so one probe key matching a long run of build keys spreads over
+// as many threads as it has pairs. Output o belongs to the last probe row
+// j with offsets[j] <= o, and pairs it with build row lower[j] + o -
+// offsets[j]. The block first narrows the search to its own probe rows.
+extern "C" __global__ void merge_expand(const u64* offsets, u32 probe_rows, const u32* lower,
+                                        const u32* build_row_ids, const u32* probe_row_ids, u32* out_build,
+                                        u32* out_probe) {
+    __shared__ u32 rows[2];
+    const u64 total = offsets[probe_rows];
+    const u64 first = (u64)blockIdx.x * EXPAND_TILE;
+    if (first >= total) return;
+    const u64 last = min(first + EXPAND_TILE, total) - 1;
+    // The last probe row whose offset is at most `o`, among rows [low, high).
+    auto row_of = [&](u64 o, u32 low, u32 high) {
+        while (low < high) {
+            const u32 middle = low + (high - low) / 2;
+            if (offsets[middle] <= o) low = middle + 1; else high = middle;
+        }
+        return low - 1;
+    };
+    if (threadIdx.x < 2) rows[threadIdx.x] = row_of(threadIdx.x == 0 ? first : last, 0, probe_rows + 1);
+    __syncthreads();
+    const u32 low = rows[0], high = rows[1] + 1;
+#pragma unroll
+    for (u32 k = 0; k < EXPAND_ITEMS; k++) {
+        const u64 o = first + (u64)k * BLOCK + threadIdx.x;
+        if (o > last) break;
+        const u32 j = row_of(o, low, high);
+        out_build[o] = output_position(lower[j] + (u32)(o - offsets[j]), build_row_ids);
+        out_probe[o] = output_position(j, probe_row_ids);
     }
 }
 
@@ -426,9 +519,14 @@ extern "C" __global__ void merge_write(const u32* first, const u64* offsets, u32
         hash_second<K>(build_keys, probe_keys, units, build_row_ids, probe_row_ids, direct_build,            \
                        direct_probe, out_build, out_probe, unit_offsets, unit_written);                      \
     }                                                                                                        \
-    extern "C" __global__ void merge_count_##K(const K* build_keys, u32 build_rows, const K* probe_keys,     \
-                                               u32 probe_rows, u64* counts, u32* first) {                    \
-        merge_count<K>(build_keys, build_rows, probe_keys, probe_rows, counts, first);                       \
+    extern "C" __global__ void merge_splits_##K(const K* needles, u32 n, const K* build, u32 m, u32 bias,    \
+                                                u32 tiles, u32* splits) {                                    \
+        merge_splits<K>(needles, n, build, m, bias, tiles, splits);                                          \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(BLOCK) merge_search_##K(                                    \
+        const K* needles, u32 n, const K* build, u32 m, u32 bias, const u32* splits, u32* bounds,            \
+        const u32* lower, u64* counts, u32* not_one) {                                                       \
+        merge_search<K>(needles, n, build, m, bias, splits, bounds, lower, counts, not_one);                 \
     }
 
 MATCH_KERNELS(u32)

@@ -1,6 +1,6 @@
 // Stable least-significant-digit radix passes with decoupled look-back
 // (Merrill and Garland's single-pass scan, as in "onesweep" radix sorting).
-// One kernel counts the digits of up to two passes over the whole relation,
+// One kernel counts the digits of up to four passes over the whole relation,
 // so every pass knows where each digit starts in the output. Each scatter
 // tile then ranks its items by digit in input order, publishes its per-digit
 // counts, and learns how many items of each digit the earlier tiles hold by
@@ -15,8 +15,9 @@
 #define TILE_ITEMS 16
 #define TILE (BLOCK * TILE_ITEMS)
 #define MAX_DIGITS 256
-// Passes whose digits one read of the keys counts.
-#define COUNTED_PASSES 2
+// Passes whose digits one read of the keys counts: every pass of a sort of
+// 4-byte keys.
+#define COUNTED_PASSES 4
 
 // A tile's published count of one digit: the flag in the high half, the
 // count in the low half. AGGREGATE counts the tile's own items; PREFIX
@@ -31,14 +32,16 @@ struct ColumnMove {
     u64 width;
 };
 
-// Adds the digit counts of passes (shift0, mask0) and, when `passes` is 2,
-// (shift1, mask1) over the tiles blockIdx.x, blockIdx.x + gridDim.x, ... to
-// counts[pass * MAX_DIGITS + digit].
+// Adds the digit counts of the first `passes` of up to COUNTED_PASSES
+// passes over the tiles blockIdx.x, blockIdx.x + gridDim.x, ... to
+// counts[pass * MAX_DIGITS + digit]. Pass p takes its digits at shift
+// plans[p] >> 16 with mask plans[p] & 0xFFFF.
 template <typename K>
-__device__ void radix_digit_counts(const K* keys, u64 n, u32 partition_bits, u32 shift0, u32 mask0, u32 shift1,
-                                   u32 mask1, u32 passes, u32* counts) {
+__device__ void radix_digit_counts(const K* keys, u64 n, u32 partition_bits, u32 plan0, u32 plan1, u32 plan2,
+                                   u32 plan3, u32 passes, u32* counts) {
     // Warp-private counters keep same-digit atomics of different warps apart.
     __shared__ u32 warp_counts[COUNTED_PASSES][WARPS][MAX_DIGITS];
+    const u32 plans[COUNTED_PASSES] = {plan0, plan1, plan2, plan3};
     for (u32 x = threadIdx.x; x < COUNTED_PASSES * WARPS * MAX_DIGITS; x += BLOCK) (&warp_counts[0][0][0])[x] = 0;
     __syncthreads();
     const u32 warp = threadIdx.x >> 5;
@@ -56,8 +59,13 @@ __device__ void radix_digit_counts(const K* keys, u64 n, u32 partition_bits, u32
         for (u32 i = 0; i < TILE_ITEMS; i++) {
             const u64 index = base + (u64)i * BLOCK + threadIdx.x;
             if (index >= n) continue;
-            atomicAdd(&warp_counts[0][warp][digit_of<K>(tile_keys[i], partition_bits, shift0, mask0)], 1u);
-            if (passes > 1) atomicAdd(&warp_counts[1][warp][digit_of<K>(tile_keys[i], partition_bits, shift1, mask1)], 1u);
+#pragma unroll
+            for (u32 p = 0; p < COUNTED_PASSES; p++) {
+                if (p < passes) {
+                    const u32 digit = digit_of<K>(tile_keys[i], partition_bits, plans[p] >> 16, plans[p] & 0xFFFFu);
+                    atomicAdd(&warp_counts[p][warp][digit], 1u);
+                }
+            }
         }
     }
     __syncthreads();
@@ -333,9 +341,9 @@ __device__ void sorted_offsets(const K* keys, u64 n, u32* offsets) {
 
 #define RADIX_KERNELS(K)                                                                                     \
     extern "C" __global__ void __launch_bounds__(BLOCK) radix_digit_counts_##K(                              \
-        const K* keys, u64 n, u32 partition_bits, u32 shift0, u32 mask0, u32 shift1, u32 mask1, u32 passes,  \
+        const K* keys, u64 n, u32 partition_bits, u32 plan0, u32 plan1, u32 plan2, u32 plan3, u32 passes,    \
         u32* counts) {                                                                                       \
-        radix_digit_counts<K>(keys, n, partition_bits, shift0, mask0, shift1, mask1, passes, counts);        \
+        radix_digit_counts<K>(keys, n, partition_bits, plan0, plan1, plan2, plan3, passes, counts);          \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(BLOCK, 4) radix_scatter_##K(                                   \
         const K* keys_in, K* keys_out, u64 n, u32 partition_bits, u32 shift, u32 digit_mask,                 \

@@ -1,6 +1,7 @@
 """Plots the kernel benchmark against the GFTR paper's artifact.
 
     python3 scripts/plot_kernels.py docs/data/kernels-h100-2026-11-21.csv docs/kernels-h100.png
+    python3 scripts/plot_kernels.py docs/data/kernels-smj-h100-2026-11-22.csv docs/kernels-smj-h100.png
 
 The CSV holds the table the `kernels` benchmark prints. The artifact's times
 below were measured on the same kind of H100 machine on 2026-11-21, same
@@ -28,6 +29,10 @@ ARTIFACT = {
     ("narrow, 8-byte keys and payloads", "PHJ-UM"): 34.9,
     ("wide, 8-byte keys and payloads", "PHJ-OM"): 53.3,
     ("wide, 8-byte keys and payloads", "PHJ-UM"): 71.5,
+    ("narrow", "SMJ-OM"): 24.3,
+    ("narrow", "SMJ-UM"): 24.3,
+    ("wide", "SMJ-OM"): 42.1,
+    ("wide", "SMJ-UM"): 58.7,
 }
 
 
@@ -47,7 +52,10 @@ def main(source, target):
     axis.set_xticks(list(x))
     axis.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
     axis.set_ylabel("ms (inputs and outputs in device memory)")
-    axis.set_title("Partitioned hash join on an H100: R = 2^27, S = 2^28 rows unless noted")
+    algorithms = sorted({r["algorithm"][:3] for r in rows})
+    names = {"PHJ": "Partitioned hash join", "SMJ": "sort-merge join"}
+    joined = " and ".join(names.get(a, a) for a in algorithms)
+    axis.set_title(f"{joined[0].upper()}{joined[1:]} on an H100: R = 2^27, S = 2^28 rows unless noted")
     axis.legend()
     figure.tight_layout()
     figure.savefig(target, dpi=110)

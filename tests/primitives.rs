@@ -18,7 +18,7 @@ use arrow::datatypes::DataType;
 use datafusion_gpu_join::backend::cpu::CpuBackend;
 use datafusion_gpu_join::backend::cuda::CudaBackend;
 use datafusion_gpu_join::backend::{
-    BackendHandle, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, Space, Transformed,
+    BackendHandle, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, SortSpec, Space, Transformed,
 };
 use datafusion_gpu_join::keys::NormalizedKey;
 use rand::rngs::StdRng;
@@ -117,16 +117,24 @@ fn transform<B: JoinBackend, K: NormalizedKey>(
     let payload = backend.upload_column(payload).unwrap();
     match layout {
         Layout::Partitioned(spec) => backend.partition(&keys, &[&payload], true, spec).unwrap(),
-        Layout::Sorted => backend.sort(&keys, &[&payload], true).unwrap(),
+        Layout::Sorted(spec) => backend.sort(&keys, &[&payload], true, spec).unwrap(),
     }
 }
 
-/// The definition of a transform: a stable sort by partition id (or key).
+/// The narrowest sort of both sides' keys, as a packed encoding gives:
+/// their matchable values' bits and one more.
+fn tight_sort<K: NormalizedKey>(build: &[K], probe: &[K]) -> SortSpec {
+    let largest = build.iter().chain(probe).filter(|k| **k != K::UNMATCHABLE).map(|k| k.to_u64()).max();
+    SortSpec::for_value_bits::<K>(largest.map_or(0, |k| u64::BITS - k.leading_zeros()))
+}
+
+/// The definition of a transform: a stable sort by partition id (or by the
+/// key bits sorted by).
 fn expected_order<K: NormalizedKey>(keys: &[K], layout: Layout) -> Vec<u32> {
     let mut order: Vec<u32> = (0..keys.len() as u32).collect();
     match layout {
         Layout::Partitioned(spec) => order.par_sort_by_key(|&r| spec.partition_of(keys[r as usize])),
-        Layout::Sorted => order.par_sort_by_key(|&r| keys[r as usize]),
+        Layout::Sorted(spec) => order.par_sort_by_key(|&r| spec.sort_key(keys[r as usize])),
     }
     order
 }
@@ -170,7 +178,7 @@ fn matches_as_rows<B: JoinBackend, K: NormalizedKey>(
 ) -> Vec<(u32, u32)> {
     let candidates = match build.layout {
         Layout::Partitioned(_) => backend.hash_match(build, probe, spaces).unwrap(),
-        Layout::Sorted => backend.merge_match(build, probe, spaces).unwrap(),
+        Layout::Sorted(_) => backend.merge_match(build, probe, spaces).unwrap(),
     };
     let rows = |positions: &B::Vector<u32>, relation: &Transformed<B, K>, space: Space| -> Vec<u32> {
         let positions = backend.download(positions).unwrap();
@@ -205,9 +213,10 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
             if large && !matches!(kind, Keys::WithUnmatchable) {
                 continue;
             }
-            let mut layouts = vec![Layout::Partitioned(PartitionSpec { bits })];
+            let tight = Layout::Sorted(tight_sort(&build_keys, &probe_keys));
+            let mut layouts = vec![Layout::Partitioned(PartitionSpec { bits }), tight];
             if !large {
-                layouts.extend([Layout::Partitioned(PartitionSpec { bits: 0 }), Layout::Sorted]);
+                layouts.extend([Layout::Partitioned(PartitionSpec { bits: 0 }), Layout::Sorted(SortSpec::full::<K>())]);
             }
             for layout in layouts {
                 let what = format!("{case}: {rows} rows, {kind:?}, {layout:?}");
@@ -333,7 +342,8 @@ fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng)
 /// A foreign-key join, every probe row matching one build row: the probe
 /// side's matched positions are its rows in order, which a backend may use
 /// to skip the probe side's gathers. Gathering by them must still give the
-/// probe payload row for row.
+/// probe payload row for row, and each probe row's build match must hold
+/// its key.
 fn check_foreign_key_gathers<B: JoinBackend>(device: &B::Device, rng: &mut StdRng) {
     let tested = open::<B>(device);
     // Up to the sizes where every work unit shape occurs; the transform and
@@ -341,17 +351,32 @@ fn check_foreign_key_gathers<B: JoinBackend>(device: &B::Device, rng: &mut StdRn
     for &rows in sizes().iter().filter(|&&rows| rows > 0 && rows <= LARGE_ROWS) {
         let build_keys = keys::<u32>(rng, rows, Keys::DenseUnique);
         let probe_keys: Vec<u32> = (0..rows * 2 + 1).map(|_| build_keys[rng.random_range(0..rows)]).collect();
-        let layout = Layout::Partitioned(PartitionSpec::for_build_rows(rows, tested.partition_target_rows()));
-        let build = transform(&tested, &build_keys, &payload(rng, rows), layout);
-        let probe_payload = payload(rng, probe_keys.len());
-        let probe = transform(&tested, &probe_keys, &probe_payload, layout);
-        let matches = tested.hash_match(&build, &probe, (Space::Transformed, Space::Transformed)).unwrap();
-        let positions = tested.download(&matches.probe).unwrap();
-        assert_eq!(positions.len(), probe_keys.len(), "{rows} rows: every probe row matches once");
-        let gathered = tested.gather_column(&probe.payloads[0], &matches.probe, false).unwrap();
-        let transformed = tested.download_column(&probe.payloads[0]).unwrap();
-        let expected = take(transformed.as_ref(), &UInt32Array::from(positions), None).unwrap();
-        assert_eq!(tested.download_column(&gathered).unwrap().as_ref(), expected.as_ref(), "{rows} rows");
+        let partitioned = Layout::Partitioned(PartitionSpec::for_build_rows(rows, tested.partition_target_rows()));
+        for layout in [partitioned, Layout::Sorted(tight_sort(&build_keys, &probe_keys))] {
+            let build = transform(&tested, &build_keys, &payload(rng, rows), layout);
+            let probe_payload = payload(rng, probe_keys.len());
+            let probe = transform(&tested, &probe_keys, &probe_payload, layout);
+            let spaces = (Space::Transformed, Space::Transformed);
+            let matches = match layout {
+                Layout::Partitioned(_) => tested.hash_match(&build, &probe, spaces).unwrap(),
+                Layout::Sorted(_) => tested.merge_match(&build, &probe, spaces).unwrap(),
+            };
+            let positions = tested.download(&matches.probe).unwrap();
+            assert_eq!(positions.len(), probe_keys.len(), "{rows} rows, {layout:?}: every probe row matches once");
+            let gathered = tested.gather_column(&probe.payloads[0], &matches.probe, false).unwrap();
+            let transformed = tested.download_column(&probe.payloads[0]).unwrap();
+            let expected = take(transformed.as_ref(), &UInt32Array::from(positions.clone()), None).unwrap();
+            assert_eq!(tested.download_column(&gathered).unwrap().as_ref(), expected.as_ref(), "{rows} rows");
+            let (build_sorted, probe_sorted) =
+                (tested.download(&build.keys).unwrap(), tested.download(&probe.keys).unwrap());
+            let build_positions = tested.download(&matches.build).unwrap();
+            for (b, p) in build_positions.iter().zip(&positions) {
+                assert_eq!(
+                    build_sorted[*b as usize], probe_sorted[*p as usize],
+                    "{rows} rows, {layout:?}: keys differ"
+                );
+            }
+        }
     }
 }
 

@@ -5,14 +5,15 @@ use datafusion::error::Result;
 
 use super::Algorithm;
 use crate::backend::{Candidates, JoinBackend, Layout, PartitionSpec, Space, Transformed};
-use crate::keys::NormalizedKey;
+use crate::keys::{KeyEncoder, NormalizedKey};
 
 /// Transforms the build side: a radix partition with enough bits that build
 /// partitions fit the backend's fast memory (partitioned hash join), or a
-/// radix sort (sort-merge join).
+/// radix sort over the key bits in use (sort-merge join).
 pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     algorithm: Algorithm,
+    encoder: &KeyEncoder,
     keys: &B::Vector<K>,
     payloads: &[&B::Column],
     with_row_ids: bool,
@@ -22,7 +23,7 @@ pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
             let spec = PartitionSpec::for_build_rows(backend.len(keys), backend.partition_target_rows());
             backend.partition(keys, payloads, with_row_ids, spec)
         }
-        Algorithm::SortMerge => backend.sort(keys, payloads, with_row_ids),
+        Algorithm::SortMerge => backend.sort(keys, payloads, with_row_ids, encoder.sort_spec::<K>()),
     }
 }
 
@@ -36,7 +37,7 @@ pub(crate) fn transform_probe<B: JoinBackend, K: NormalizedKey>(
 ) -> Result<Transformed<B, K>> {
     match build_layout {
         Layout::Partitioned(spec) => backend.partition(keys, payloads, with_row_ids, spec),
-        Layout::Sorted => backend.sort(keys, payloads, with_row_ids),
+        Layout::Sorted(spec) => backend.sort(keys, payloads, with_row_ids, spec),
     }
 }
 
@@ -49,6 +50,6 @@ pub(crate) fn find_matches<B: JoinBackend, K: NormalizedKey>(
 ) -> Result<Candidates<B>> {
     match build.layout {
         Layout::Partitioned(_) => backend.hash_match(build, probe, spaces),
-        Layout::Sorted => backend.merge_match(build, probe, spaces),
+        Layout::Sorted(_) => backend.merge_match(build, probe, spaces),
     }
 }

@@ -249,10 +249,10 @@ pub fn prepare_build_side<B: JoinBackend>(
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
     let relation = match upload_keys(backend, &encoder, &staged_keys)? {
         KeyedVector::U32(k) => {
-            KeyedRelation::U32(transform_build(backend, strategy.algorithm, &k, &payloads, with_row_ids)?)
+            KeyedRelation::U32(transform_build(backend, strategy.algorithm, &encoder, &k, &payloads, with_row_ids)?)
         }
         KeyedVector::U64(k) => {
-            KeyedRelation::U64(transform_build(backend, strategy.algorithm, &k, &payloads, with_row_ids)?)
+            KeyedRelation::U64(transform_build(backend, strategy.algorithm, &encoder, &k, &payloads, with_row_ids)?)
         }
     };
     let visited = match definition.tracks_visited_build_rows() {

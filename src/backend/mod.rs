@@ -171,13 +171,43 @@ impl PartitionSpec {
     }
 }
 
+/// Which key bits a sort orders by: the low `key_bits` bits.
+///
+/// Packed keys take fewer bits than their width, and a radix sort needs a
+/// pass per digit of the bits it orders by. The unmatchable key has every
+/// bit set, so one bit above the matchable values still sorts it last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SortSpec {
+    pub key_bits: u32,
+}
+
+impl SortSpec {
+    /// Every bit of a `K` (hashed keys).
+    pub fn full<K: NormalizedKey>() -> Self {
+        Self { key_bits: K::BITS }
+    }
+
+    /// Keys whose matchable values are below `2^value_bits`.
+    pub fn for_value_bits<K: NormalizedKey>(value_bits: u32) -> Self {
+        Self { key_bits: (value_bits + 1).min(K::BITS) }
+    }
+
+    /// What the sort orders `key` by.
+    pub fn sort_key<K: NormalizedKey>(&self, key: K) -> u64 {
+        match self.key_bits {
+            64.. => key.to_u64(),
+            bits => key.to_u64() & ((1u64 << bits) - 1),
+        }
+    }
+}
+
 /// How a relation is ordered after its transformation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// Stable radix partition; `offsets` of the partitions live in the relation.
     Partitioned(PartitionSpec),
     /// Stable sort by key, unmatchable keys last.
-    Sorted,
+    Sorted(SortSpec),
 }
 
 /// A relation after the transform phase: keys and the requested payload
@@ -278,12 +308,14 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
         spec: PartitionSpec,
     ) -> Result<Transformed<Self, K>>;
 
-    /// Stable sort by key, carrying `payloads` and (if asked) row ids along.
+    /// Stable sort by the key bits of `spec`, carrying `payloads` and (if
+    /// asked) row ids along.
     fn sort<K: NormalizedKey>(
         &self,
         keys: &Self::Vector<K>,
         payloads: &[&Self::Column],
         with_row_ids: bool,
+        spec: SortSpec,
     ) -> Result<Transformed<Self, K>>;
 
     // ---- match ----

@@ -26,7 +26,7 @@ use datafusion::common::{NullEquality, internal_err};
 use datafusion::error::Result;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
-use crate::backend::Element;
+use crate::backend::{Element, SortSpec};
 pub use packed::KeyRanges;
 use packed::{PARALLEL_ROWS, PackedLayout};
 use rayon::prelude::*;
@@ -143,6 +143,15 @@ impl KeyEncoder {
         match &self.scheme {
             Scheme::Packed(layout) if layout.fits_u32() => 32,
             _ => 64,
+        }
+    }
+
+    /// The key bits a sort of these keys orders by: packed keys' values
+    /// and one bit to set the unmatchable key apart, every bit of a hash.
+    pub fn sort_spec<K: NormalizedKey>(&self) -> SortSpec {
+        match &self.scheme {
+            Scheme::Packed(layout) => SortSpec::for_value_bits::<K>(layout.total_bits()),
+            Scheme::Hashed => SortSpec::full::<K>(),
         }
     }
 

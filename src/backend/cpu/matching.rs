@@ -82,8 +82,15 @@ pub(super) fn merge_match<K: NormalizedKey>(
     build: &Transformed<CpuBackend, K>,
     probe: &Transformed<CpuBackend, K>,
 ) -> Result<Pairs> {
-    if build.layout != Layout::Sorted || probe.layout != Layout::Sorted {
+    let (Layout::Sorted(build_spec), Layout::Sorted(probe_spec)) = (build.layout, probe.layout) else {
         return internal_err!("merge_match needs two sorted relations");
+    };
+    if build_spec != probe_spec {
+        return internal_err!(
+            "merge_match: build sorted by {} key bits, probe by {}",
+            build_spec.key_bits,
+            probe_spec.key_bits
+        );
     }
     // Unmatchable keys sort last; offsets[1] is where they start.
     let b = &build.keys[..build.offsets[1] as usize];

@@ -19,7 +19,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::{
-    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION, PartitionSpec, Space,
+    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION, PartitionSpec, SortSpec, Space,
     TransferMemory, Transformed, positions_to_indices,
 };
 use crate::keys::NormalizedKey;
@@ -123,8 +123,9 @@ impl JoinBackend for CpuBackend {
         keys: &Vec<K>,
         payloads: &[&ArrayRef],
         with_row_ids: bool,
+        spec: SortSpec,
     ) -> Result<Transformed<Self, K>> {
-        transform::sort(keys, payloads, with_row_ids)
+        transform::sort(keys, payloads, with_row_ids, spec)
     }
 
     fn hash_match<K: NormalizedKey>(

@@ -6,7 +6,7 @@ use datafusion::common::exec_err;
 use datafusion::error::Result;
 
 use super::CpuBackend;
-use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, Transformed, positions_to_indices};
+use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Transformed, positions_to_indices};
 use crate::keys::NormalizedKey;
 
 fn check_rows(rows: usize, primitive: &str) -> Result<()> {
@@ -45,18 +45,20 @@ pub(super) fn partition<K: NormalizedKey>(
     permute(keys, payloads, with_row_ids, permutation, offsets, Layout::Partitioned(spec))
 }
 
-/// Stable sort by key; the unmatchable key is the largest, so it sorts last.
+/// Stable sort by the key bits of `spec`, as the radix passes of a GPU sort
+/// order; the unmatchable key is the largest, so it sorts last.
 pub(super) fn sort<K: NormalizedKey>(
     keys: &[K],
     payloads: &[&ArrayRef],
     with_row_ids: bool,
+    spec: SortSpec,
 ) -> Result<Transformed<CpuBackend, K>> {
     check_rows(keys.len(), "radix sort")?;
     let mut permutation: Vec<u32> = (0..keys.len() as u32).collect();
-    permutation.sort_by_key(|&row| keys[row as usize]);
+    permutation.sort_by_key(|&row| spec.sort_key(keys[row as usize]));
     let matchable = keys.iter().filter(|k| **k != K::UNMATCHABLE).count() as u32;
     let offsets = vec![0, matchable, keys.len() as u32];
-    permute(keys, payloads, with_row_ids, permutation, offsets, Layout::Sorted)
+    permute(keys, payloads, with_row_ids, permutation, offsets, Layout::Sorted(spec))
 }
 
 /// Applies `permutation` (transformed position -> original row) to the keys,

@@ -26,7 +26,7 @@ const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 37] = [
+pub(crate) const KERNEL_NAMES: [&str; 39] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -48,9 +48,11 @@ pub(crate) const KERNEL_NAMES: [&str; 37] = [
     "hash_misplaced",
     "plan_unit_counts",
     "plan_units",
-    "merge_count_u32",
-    "merge_count_u64",
-    "merge_write",
+    "merge_splits_u32",
+    "merge_splits_u64",
+    "merge_search_u32",
+    "merge_search_u64",
+    "merge_expand",
     "gather_1",
     "gather_2",
     "gather_4",

@@ -8,15 +8,18 @@
 //! probe rows' range; when that leaves every match in place (a foreign-key
 //! join where each probe row matches) no second launch runs.
 //!
-//! Sort-merge join: binary searches give each probe row its run of equal
-//! build keys; counts are scanned; each probe row writes its pairs.
+//! Sort-merge join: a sorted search by merge path gives each probe row the
+//! lower bound of its run of equal build keys. A foreign-key join (every
+//! probe row matching once) ends there; otherwise a second search gives
+//! the upper bounds, the run lengths are scanned and a load-balancing
+//! search writes the pairs.
 
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
-use crate::backend::{Candidates, Layout, Space, Transformed, check_candidates};
+use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_candidates};
 use crate::keys::NormalizedKey;
 
 /// Probe rows one work unit streams through its table at most (a slice of a
@@ -60,6 +63,29 @@ fn build_rows_per_unit<K: NormalizedKey>(limit: u32) -> u32 {
 
 /// u32 fields of a work unit (WorkUnit in match.cu).
 const UNIT_FIELDS: usize = 5;
+/// Items of the merged order per block of the sorted search, and output
+/// pairs per block of the expansion (SEARCH_TILE, EXPAND_TILE in match.cu).
+const SEARCH_TILE: u64 = 256 * 12;
+const EXPAND_TILE: usize = 256 * 8;
+
+/// The sorted keys of a merge match, unmatchable keys left out.
+#[derive(Clone, Copy)]
+struct SortedSearch<'a, K> {
+    build: &'a DeviceBuffer<K>,
+    build_rows: u32,
+    probe: &'a DeviceBuffer<K>,
+    probe_rows: u32,
+}
+
+/// What a sorted search finds for each probe key.
+#[derive(Clone, Copy)]
+enum Bound<'a> {
+    /// Its lower bound, into `bounds`; `not_one` is set when some probe
+    /// key does not match exactly once.
+    Lower { bounds: &'a DeviceBuffer<u32>, not_one: &'a DeviceBuffer<u32> },
+    /// Its upper bound less its `lower` bound: its match count.
+    Upper { lower: &'a DeviceBuffer<u32>, counts: &'a DeviceBuffer<u64> },
+}
 
 impl CudaBackend {
     fn row_ids_for<K: NormalizedKey>(relation: &Transformed<CudaBackend, K>, space: Space, side: &str) -> Result<u64> {
@@ -171,8 +197,15 @@ impl CudaBackend {
         probe: &Transformed<CudaBackend, K>,
         (build_space, probe_space): (Space, Space),
     ) -> Result<Candidates<CudaBackend>> {
-        if build.layout != Layout::Sorted || probe.layout != Layout::Sorted {
+        let (Layout::Sorted(build_spec), Layout::Sorted(probe_spec)) = (build.layout, probe.layout) else {
             return internal_err!("merge_match needs two sorted relations");
+        };
+        if build_spec != probe_spec {
+            return internal_err!(
+                "merge_match: build sorted by {} key bits, probe by {}",
+                build_spec.key_bits,
+                probe_spec.key_bits
+            );
         }
         // Unmatchable keys sort last; offsets[1] is where they start.
         let build_rows = build.offsets.download_at(1, "sorted offsets")?;
@@ -180,32 +213,65 @@ impl CudaBackend {
         if build_rows == 0 || probe_rows == 0 {
             return self.empty_candidates();
         }
+        let search = SortedSearch { build: &build.keys, build_rows, probe: &probe.keys, probe_rows };
+        let lower = DeviceBuffer::<u32>::alloc(&self.instance, probe_rows as usize, "lower bounds")?;
+        let not_one = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "match count check")?;
+        self.sorted_search(&search, Bound::Lower { bounds: &lower, not_one: &not_one })?;
+        let (build_ids, probe_ids) =
+            (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
+        if not_one.download_at(0, "match count check")? == 0 {
+            // Each matchable probe row matches once, at its lower bound.
+            let out_build = match &build.row_ids {
+                Some(ids) if build_ids != 0 => self.gather_positions(ids, &lower)?,
+                _ => lower,
+            };
+            let rows = self.sequence(probe_rows as usize)?;
+            let out_probe = match &probe.row_ids {
+                Some(ids) if probe_ids != 0 => self.gather_positions(ids, &rows)?,
+                _ => rows,
+            };
+            return Ok(Candidates { build: out_build, probe: out_probe });
+        }
         // One extra zero count becomes the total after the scan.
         let counts = DeviceBuffer::<u64>::filled(&self.instance, probe_rows as usize + 1, 0, "match counts")?;
-        let first = DeviceBuffer::<u32>::alloc(&self.instance, probe_rows as usize, "match starts")?;
-        let args = [
-            Arg::from(build.keys.pointer()),
-            build_rows.into(),
-            probe.keys.pointer().into(),
-            probe_rows.into(),
-            counts.pointer().into(),
-            first.pointer().into(),
-        ];
-        self.launch(&self.kernel_name::<K>("merge_count"), u64::from(probe_rows), 0, &args)?;
+        self.sorted_search(&search, Bound::Upper { lower: &lower, counts: &counts })?;
         let total = check_candidates(self.exclusive_scan(&counts)?.read()?)?;
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
         let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [
-            Arg::from(first.pointer()),
-            counts.pointer().into(),
+            Arg::from(counts.pointer()),
             probe_rows.into(),
-            Self::row_ids_for(build, build_space, "build")?.into(),
-            Self::row_ids_for(probe, probe_space, "probe")?.into(),
+            lower.pointer().into(),
+            build_ids.into(),
+            probe_ids.into(),
             out_build.pointer().into(),
             out_probe.pointer().into(),
         ];
-        self.launch("merge_write", u64::from(probe_rows), 0, &args)?;
+        self.launch_blocks("merge_expand", total.div_ceil(EXPAND_TILE) as u64, 0, total as u64, &args)?;
         Ok(Candidates { build: out_build, probe: out_probe })
+    }
+
+    /// Every probe key's lower or upper bound among the build keys, by a
+    /// sorted search over tiles of the merged order.
+    fn sorted_search<K: NormalizedKey>(&self, search: &SortedSearch<'_, K>, bound: Bound<'_>) -> Result<()> {
+        let SortedSearch { build, build_rows, probe, probe_rows } = *search;
+        let items = u64::from(build_rows) + u64::from(probe_rows);
+        let tiles = items.div_ceil(SEARCH_TILE);
+        let bias = match bound {
+            Bound::Lower { .. } => 0u32,
+            Bound::Upper { .. } => 1,
+        };
+        let splits = DeviceBuffer::<u32>::alloc(&self.instance, tiles as usize + 1, "merge path splits")?;
+        let keys =
+            [Arg::from(probe.pointer()), probe_rows.into(), build.pointer().into(), build_rows.into(), bias.into()];
+        let args = [&keys[..], &[(tiles as u32).into(), splits.pointer().into()]].concat();
+        self.launch(&self.kernel_name::<K>("merge_splits"), tiles + 1, 0, &args)?;
+        let outputs = match bound {
+            Bound::Lower { bounds, not_one } => [bounds.pointer(), 0, 0, not_one.pointer()],
+            Bound::Upper { lower, counts } => [0, lower.pointer(), counts.pointer(), 0],
+        };
+        let args = [&keys[..], &[splits.pointer().into()], &outputs.map(Arg::from)[..]].concat();
+        self.launch_blocks(&self.kernel_name::<K>("merge_search"), tiles, 0, items, &args)
     }
 
     fn empty_candidates(&self) -> Result<Candidates<CudaBackend>> {

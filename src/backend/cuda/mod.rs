@@ -25,7 +25,7 @@ pub use kernels::compile_kernels;
 pub use memory::DeviceBuffer;
 
 use super::{
-    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, PartitionSpec, Space, TransferMemory,
+    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, PartitionSpec, SortSpec, Space, TransferMemory,
     Transformed,
 };
 use crate::config::GpuJoinConfig;
@@ -208,8 +208,9 @@ impl JoinBackend for CudaBackend {
         keys: &DeviceBuffer<K>,
         payloads: &[&CudaColumn],
         with_row_ids: bool,
+        spec: SortSpec,
     ) -> Result<Transformed<Self, K>> {
-        self.transform(keys, payloads, with_row_ids, Digits::Key)
+        self.transform(keys, payloads, with_row_ids, Digits::Key(spec))
     }
 
     fn hash_match<K: NormalizedKey>(
@@ -279,7 +280,8 @@ impl JoinBackend for CudaBackend {
         keys: &DeviceBuffer<u32>,
         values: &DeviceBuffer<u32>,
     ) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>)> {
-        let (sorted_keys, mut moved, _) = self.radix_transform(keys, &[(values.pointer(), 4)], false, Digits::Key)?;
+        let (sorted_keys, mut moved, _) =
+            self.radix_transform(keys, &[(values.pointer(), 4)], false, Digits::Key(SortSpec::full::<u32>()))?;
         let sorted_values = moved.pop().ok_or_else(|| exec_datafusion_err!("sort_pairs lost its values"))?;
         Ok((sorted_keys, sorted_values.into_typed(keys.len())))
     }

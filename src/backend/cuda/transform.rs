@@ -1,6 +1,6 @@
-//! Transform phase on the GPU: stable radix partitioning and radix sorting,
-//! both as sequences of stable 8-bit radix passes over the keys, carrying
-//! payload columns and row ids along. The digits of every pass are counted
+//! Transform phase on the GPU: stable radix partitioning and radix sorting
+//! (over the key bits in use), both as sequences of stable radix passes of
+//! up to 8 bits, carrying payload columns and row ids along. The digits of every pass are counted
 //! up front; each pass is then one kernel whose tiles find their output
 //! offsets by decoupled look-back (see radix.cu).
 
@@ -12,7 +12,7 @@ use datafusion::error::Result;
 use super::column::CudaColumn;
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
-use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, Transformed};
+use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Transformed};
 use crate::keys::NormalizedKey;
 
 /// Items per tile of the radix kernels (BLOCK x TILE_ITEMS in radix.cu).
@@ -20,7 +20,7 @@ const TILE: usize = 256 * 16;
 /// Digits of one radix pass (8 bits).
 const MAX_DIGITS: usize = 256;
 /// Passes whose digits one read of the keys counts (COUNTED_PASSES in radix.cu).
-const COUNTED_PASSES: usize = 2;
+const COUNTED_PASSES: usize = 4;
 /// Blocks of the digit count kernel: enough to fill the device, few enough
 /// that their global atomics stay cheap.
 const COUNT_BLOCKS: usize = 1024;
@@ -35,25 +35,34 @@ const SORT_BY_KEY: u32 = u32::MAX;
 pub(super) enum Digits {
     /// The partition id: `bits` partition bits plus the unmatchable partition.
     Partition(PartitionSpec),
-    /// The key itself, every bit of it.
-    Key,
+    /// The low bits of the key that the sort orders by.
+    Key(SortSpec),
 }
 
 impl Digits {
     fn partition_bits(&self) -> u32 {
         match self {
             Digits::Partition(spec) => spec.bits,
-            Digits::Key => SORT_BY_KEY,
+            Digits::Key(_) => SORT_BY_KEY,
         }
     }
 
-    /// (shift, digit mask) of every pass, least significant first.
-    fn passes(&self, key_bits: u32) -> Vec<(u32, u32)> {
+    /// (shift, digit mask) of every pass, least significant first: as few
+    /// passes as 8-bit digits allow, the bits spread evenly over them, since
+    /// fewer digits per pass make longer runs to write.
+    fn passes(&self) -> Vec<(u32, u32)> {
         let total = match self {
             Digits::Partition(spec) => spec.bits + 1,
-            Digits::Key => key_bits,
+            Digits::Key(spec) => spec.key_bits,
         };
-        (0..total).step_by(8).map(|shift| (shift, (1u32 << (total - shift).min(8)) - 1)).collect()
+        let count = total.div_ceil(8).max(1);
+        let per_pass = total.div_ceil(count);
+        (0..count)
+            .map(|pass| {
+                let shift = pass * per_pass;
+                (shift, (1u32 << per_pass.min(total - shift)) - 1)
+            })
+            .collect()
     }
 }
 
@@ -90,7 +99,7 @@ impl CudaBackend {
         }
         let what = "a radix transform";
         let tiles = n.div_ceil(TILE).max(1);
-        let passes = digits.passes(K::BITS);
+        let passes = digits.passes();
         let digit_counts = self.count_digits(keys, digits, &passes)?;
         // The tiles' published digit counts, then the next tile to take.
         let mut statuses = DeviceBuffer::<u64>::alloc(&self.instance, tiles * MAX_DIGITS + 1, what)?;
@@ -165,17 +174,17 @@ impl CudaBackend {
         let n = keys.len();
         let blocks = n.div_ceil(TILE).clamp(1, COUNT_BLOCKS);
         for (first, counted) in passes.chunks(COUNTED_PASSES).enumerate() {
-            let (shift0, mask0) = counted[0];
-            let (shift1, mask1) = counted.get(1).copied().unwrap_or((0, 0));
+            // Each pass as its shift in the high half and its mask in the low.
+            let plan = |p: usize| counted.get(p).map_or(0, |&(shift, mask)| (shift << 16) | mask);
             let offset = (first * COUNTED_PASSES * MAX_DIGITS * size_of::<u32>()) as u64;
             let args = [
                 Arg::from(keys.pointer()),
                 (n as u64).into(),
                 digits.partition_bits().into(),
-                shift0.into(),
-                mask0.into(),
-                shift1.into(),
-                mask1.into(),
+                plan(0).into(),
+                plan(1).into(),
+                plan(2).into(),
+                plan(3).into(),
                 (counted.len() as u32).into(),
                 (counts.pointer() + offset).into(),
             ];
@@ -231,12 +240,12 @@ impl CudaBackend {
                 self.launch(&self.kernel_name::<K>("partition_offsets"), spec.partitions() as u64 + 2, 0, &args)?;
                 (Layout::Partitioned(spec), offsets)
             }
-            Digits::Key => {
+            Digits::Key(spec) => {
                 let offsets = DeviceBuffer::<u32>::alloc(&self.instance, 3, "sorted offsets")?;
                 let args =
                     [Arg::from(transformed_keys.pointer()), (keys.len() as u64).into(), offsets.pointer().into()];
                 self.launch(&self.kernel_name::<K>("sorted_offsets"), 1, 0, &args)?;
-                (Layout::Sorted, offsets)
+                (Layout::Sorted(spec), offsets)
             }
         };
         Ok(Transformed {
@@ -255,14 +264,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passes_cover_every_digit_bit_eight_at_a_time() {
+    fn passes_cover_every_digit_bit_in_as_few_even_passes_as_possible() {
         let partition = |bits| Digits::Partition(PartitionSpec { bits });
+        let key = |key_bits| Digits::Key(SortSpec { key_bits });
         // 15 partition bits plus the unmatchable partition: 16 bits.
-        assert_eq!(partition(15).passes(32), vec![(0, 0xFF), (8, 0xFF)]);
+        assert_eq!(partition(15).passes(), vec![(0, 0xFF), (8, 0xFF)]);
         // 3 bits plus the unmatchable partition: one pass of 4 bits.
-        assert_eq!(partition(3).passes(32), vec![(0, 0xF)]);
-        assert_eq!(partition(8).passes(64), vec![(0, 0xFF), (8, 0x1)]);
-        assert_eq!(Digits::Key.passes(32), vec![(0, 0xFF), (8, 0xFF), (16, 0xFF), (24, 0xFF)]);
-        assert_eq!(Digits::Key.passes(64).len(), 8);
+        assert_eq!(partition(3).passes(), vec![(0, 0xF)]);
+        assert_eq!(partition(8).passes(), vec![(0, 0x1F), (5, 0xF)]);
+        assert_eq!(key(32).passes(), vec![(0, 0xFF), (8, 0xFF), (16, 0xFF), (24, 0xFF)]);
+        assert_eq!(key(28).passes(), vec![(0, 0x7F), (7, 0x7F), (14, 0x7F), (21, 0x7F)]);
+        assert_eq!(key(24).passes().len(), 3);
+        assert_eq!(key(1).passes(), vec![(0, 0x1)]);
+        assert_eq!(key(64).passes().len(), 8);
     }
 }
