@@ -4,10 +4,11 @@
 //! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys; one
 //! payload column per side (narrow) or two (wide); 4-byte keys and payloads
 //! unless stated. One more workload has many duplicates: 2^24 build rows
-//! whose keys take 1,000 distinct values, and 2^12 probe rows over them. Each algorithm's time is the sum of transform (partition
-//! or sort both sides), match (matched positions) and materialize (gather
-//! every payload column of both sides). Criterion measures the total; the table
-//! printed at the end gives the median of each phase over the measured runs.
+//! whose keys take 1,000 distinct values, and 2^12 probe rows over them.
+//! Each algorithm's time is the sum of transform (partition or sort both
+//! sides), match (matched positions) and materialize (gather every payload
+//! column of both sides). Criterion measures the total; the table printed
+//! at the end gives the median of each phase over the measured runs.
 //!
 //! ```text
 //! cargo bench --bench kernels [-- --quick]       # GPU machine only

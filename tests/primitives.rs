@@ -18,7 +18,8 @@ use arrow::datatypes::DataType;
 use datafusion_gpu_join::backend::cpu::CpuBackend;
 use datafusion_gpu_join::backend::cuda::CudaBackend;
 use datafusion_gpu_join::backend::{
-    BackendHandle, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, SortSpec, Space, Transformed,
+    BackendHandle, Candidates, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, SortSpec, Space,
+    Transformed,
 };
 use datafusion_gpu_join::keys::NormalizedKey;
 use rand::rngs::StdRng;
@@ -170,16 +171,26 @@ fn expected_matches<K: NormalizedKey>(build: &[K], probe: &[K]) -> Vec<(u32, u32
     pairs
 }
 
+/// The match of the relations' layout: hash tables or a merge.
+fn find_matches<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    probe: &Transformed<B, K>,
+    spaces: (Space, Space),
+) -> Candidates<B> {
+    match build.layout {
+        Layout::Partitioned(_) => backend.hash_match(build, probe, spaces).unwrap(),
+        Layout::Sorted(_) => backend.merge_match(build, probe, spaces).unwrap(),
+    }
+}
+
 fn matches_as_rows<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     build: &Transformed<B, K>,
     probe: &Transformed<B, K>,
     spaces: (Space, Space),
 ) -> Vec<(u32, u32)> {
-    let candidates = match build.layout {
-        Layout::Partitioned(_) => backend.hash_match(build, probe, spaces).unwrap(),
-        Layout::Sorted(_) => backend.merge_match(build, probe, spaces).unwrap(),
-    };
+    let candidates = find_matches(backend, build, probe, spaces);
     let rows = |positions: &B::Vector<u32>, relation: &Transformed<B, K>, space: Space| -> Vec<u32> {
         let positions = backend.download(positions).unwrap();
         match space {
@@ -356,11 +367,7 @@ fn check_foreign_key_gathers<B: JoinBackend>(device: &B::Device, rng: &mut StdRn
             let build = transform(&tested, &build_keys, &payload(rng, rows), layout);
             let probe_payload = payload(rng, probe_keys.len());
             let probe = transform(&tested, &probe_keys, &probe_payload, layout);
-            let spaces = (Space::Transformed, Space::Transformed);
-            let matches = match layout {
-                Layout::Partitioned(_) => tested.hash_match(&build, &probe, spaces).unwrap(),
-                Layout::Sorted(_) => tested.merge_match(&build, &probe, spaces).unwrap(),
-            };
+            let matches = find_matches(&tested, &build, &probe, (Space::Transformed, Space::Transformed));
             let positions = tested.download(&matches.probe).unwrap();
             assert_eq!(positions.len(), probe_keys.len(), "{rows} rows, {layout:?}: every probe row matches once");
             let gathered = tested.gather_column(&probe.payloads[0], &matches.probe, false).unwrap();

@@ -201,6 +201,21 @@ impl SortSpec {
     }
 }
 
+/// Checks that both sides of a merge match are sorted, by the same key bits.
+pub(crate) fn check_sorted_alike(build: Layout, probe: Layout) -> Result<()> {
+    let (Layout::Sorted(build_spec), Layout::Sorted(probe_spec)) = (build, probe) else {
+        return datafusion::common::internal_err!("merge_match needs two sorted relations");
+    };
+    if build_spec != probe_spec {
+        return datafusion::common::internal_err!(
+            "merge_match: build sorted by {} key bits, probe by {}",
+            build_spec.key_bits,
+            probe_spec.key_bits
+        );
+    }
+    Ok(())
+}
+
 /// How a relation is ordered after its transformation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {

@@ -6,7 +6,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::CpuBackend;
-use crate::backend::{Candidates, Layout, Space, Transformed};
+use crate::backend::{Candidates, Layout, Space, Transformed, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
 /// Pairs of transformed positions.
@@ -82,16 +82,7 @@ pub(super) fn merge_match<K: NormalizedKey>(
     build: &Transformed<CpuBackend, K>,
     probe: &Transformed<CpuBackend, K>,
 ) -> Result<Pairs> {
-    let (Layout::Sorted(build_spec), Layout::Sorted(probe_spec)) = (build.layout, probe.layout) else {
-        return internal_err!("merge_match needs two sorted relations");
-    };
-    if build_spec != probe_spec {
-        return internal_err!(
-            "merge_match: build sorted by {} key bits, probe by {}",
-            build_spec.key_bits,
-            probe_spec.key_bits
-        );
-    }
+    check_sorted_alike(build.layout, probe.layout)?;
     // Unmatchable keys sort last; offsets[1] is where they start.
     let b = &build.keys[..build.offsets[1] as usize];
     let p = &probe.keys[..probe.offsets[1] as usize];

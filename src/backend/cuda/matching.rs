@@ -19,7 +19,7 @@ use datafusion::error::Result;
 
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
-use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_candidates};
+use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_candidates, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
 /// Probe rows one work unit streams through its table at most (a slice of a
@@ -197,16 +197,7 @@ impl CudaBackend {
         probe: &Transformed<CudaBackend, K>,
         (build_space, probe_space): (Space, Space),
     ) -> Result<Candidates<CudaBackend>> {
-        let (Layout::Sorted(build_spec), Layout::Sorted(probe_spec)) = (build.layout, probe.layout) else {
-            return internal_err!("merge_match needs two sorted relations");
-        };
-        if build_spec != probe_spec {
-            return internal_err!(
-                "merge_match: build sorted by {} key bits, probe by {}",
-                build_spec.key_bits,
-                probe_spec.key_bits
-            );
-        }
+        check_sorted_alike(build.layout, probe.layout)?;
         // Unmatchable keys sort last; offsets[1] is where they start.
         let build_rows = build.offsets.download_at(1, "sorted offsets")?;
         let probe_rows = probe.offsets.download_at(1, "sorted offsets")?;
@@ -220,17 +211,16 @@ impl CudaBackend {
         let (build_ids, probe_ids) =
             (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
         if not_one.download_at(0, "match count check")? == 0 {
-            // Each matchable probe row matches once, at its lower bound.
-            let out_build = match &build.row_ids {
-                Some(ids) if build_ids != 0 => self.gather_positions(ids, &lower)?,
-                _ => lower,
+            // Each matchable probe row matches once, at its lower bound;
+            // original rows where asked for (row ids checked above).
+            let in_space = |positions, relation: &Transformed<CudaBackend, K>, space| match (space, &relation.row_ids) {
+                (Space::Original, Some(ids)) => self.gather_positions(ids, &positions),
+                _ => Ok(positions),
             };
-            let rows = self.sequence(probe_rows as usize)?;
-            let out_probe = match &probe.row_ids {
-                Some(ids) if probe_ids != 0 => self.gather_positions(ids, &rows)?,
-                _ => rows,
-            };
-            return Ok(Candidates { build: out_build, probe: out_probe });
+            return Ok(Candidates {
+                build: in_space(lower, build, build_space)?,
+                probe: in_space(self.sequence(probe_rows as usize)?, probe, probe_space)?,
+            });
         }
         // One extra zero count becomes the total after the scan.
         let counts = DeviceBuffer::<u64>::filled(&self.instance, probe_rows as usize + 1, 0, "match counts")?;

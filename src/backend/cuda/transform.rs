@@ -1,8 +1,8 @@
 //! Transform phase on the GPU: stable radix partitioning and radix sorting
 //! (over the key bits in use), both as sequences of stable radix passes of
-//! up to 8 bits, carrying payload columns and row ids along. The digits of every pass are counted
-//! up front; each pass is then one kernel whose tiles find their output
-//! offsets by decoupled look-back (see radix.cu).
+//! up to 8 bits, carrying payload columns and row ids along. The digits of
+//! every pass are counted up front; each pass is then one kernel whose
+//! tiles find their output offsets by decoupled look-back (see radix.cu).
 
 use std::sync::Arc;
 
