@@ -15,17 +15,22 @@
 //! GPU_JOIN_BENCH_SCALE=4 cargo bench --bench kernels   # 1/4 of the sizes
 //! GPU_JOIN_BENCH_ONLY='narrow|wide' cargo bench --bench kernels  # only these workloads
 //! GPU_JOIN_BENCH_FULL_SORT=1 cargo bench --bench kernels  # also SMJ-OM sorting every key bit
+//! GPU_JOIN_BENCH_SWEEP=1 cargo bench --bench kernels  # the sweep of algorithm = auto instead
 //! ```
 //!
 //! The sort-merge join sorts by the key bits a packed encoding of the build
 //! side's keys would use (its values' bits and one more), as the operator
 //! does.
 
+#[path = "kernels/sweep.rs"]
+mod sweep;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, Int32Array, Int64Array};
 use criterion::{Criterion, criterion_group, criterion_main};
+use datafusion_gpu_join::algorithms::choice::device_profile;
 use datafusion_gpu_join::backend::cuda::{CudaBackend, CudaColumn};
 use datafusion_gpu_join::backend::{
     BackendHandle, DeviceCounters, JoinBackend, PartitionSpec, SortSpec, Space, Transformed, cuda_backend,
@@ -156,15 +161,6 @@ fn upload_side<K: NormalizedKey>(
     Side { keys: gpu.upload(&keys).expect("key upload"), payloads, sort }
 }
 
-/// Whether payloads travel with the keys through the transform.
-#[derive(Debug, Clone, Copy)]
-enum Pattern {
-    /// -OM: payloads transformed with the keys, clustered gathers (GFTR).
-    Transformed,
-    /// -UM: keys transformed with row ids, gathers by row id (GFUR).
-    Untransformed,
-}
-
 /// How both sides are transformed and matched.
 #[derive(Debug, Clone, Copy)]
 enum Method {
@@ -176,12 +172,14 @@ enum Method {
     SortMergeFullWidth,
 }
 
-/// The algorithms measured, with the paper's names.
-const ALGORITHMS: [(&str, Method, Pattern); 4] = [
-    ("PHJ-OM", Method::PartitionedHash, Pattern::Transformed),
-    ("PHJ-UM", Method::PartitionedHash, Pattern::Untransformed),
-    ("SMJ-OM", Method::SortMerge, Pattern::Transformed),
-    ("SMJ-UM", Method::SortMerge, Pattern::Untransformed),
+/// The algorithms measured, with the paper's names: -OM gathers from the
+/// transformed relations (payloads travel with the keys, GFTR), -UM by row
+/// id (GFUR).
+const ALGORITHMS: [(&str, Method, Space); 4] = [
+    ("PHJ-OM", Method::PartitionedHash, Space::Transformed),
+    ("PHJ-UM", Method::PartitionedHash, Space::Original),
+    ("SMJ-OM", Method::SortMerge, Space::Transformed),
+    ("SMJ-UM", Method::SortMerge, Space::Original),
 ];
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -197,22 +195,23 @@ impl Phases {
     }
 }
 
-/// One join, phase by phase.
+/// One join, phase by phase; `spaces` are where the build and probe sides'
+/// payloads are gathered from.
 fn run<K: NormalizedKey>(
     gpu: &CudaBackend,
     build: &Side<K>,
     probe: &Side<K>,
     method: Method,
-    pattern: Pattern,
+    spaces: (Space, Space),
 ) -> (Phases, usize) {
     let spec = PartitionSpec::for_build_rows(gpu.len(&build.keys), gpu.partition_target_rows());
     let start = Instant::now();
-    let transform = |side: &Side<K>| -> Transformed<CudaBackend, K> {
-        let payloads: Vec<&CudaColumn> = match pattern {
-            Pattern::Transformed => side.payloads.iter().collect(),
-            Pattern::Untransformed => vec![],
+    let transform = |side: &Side<K>, space: Space| -> Transformed<CudaBackend, K> {
+        let payloads: Vec<&CudaColumn> = match space {
+            Space::Transformed => side.payloads.iter().collect(),
+            Space::Original => vec![],
         };
-        let with_row_ids = matches!(pattern, Pattern::Untransformed);
+        let with_row_ids = space == Space::Original;
         match method {
             Method::PartitionedHash => gpu.partition(&side.keys, &payloads, with_row_ids, spec).expect("partition"),
             Method::SortMerge => gpu.sort(&side.keys, &payloads, with_row_ids, side.sort).expect("sort"),
@@ -221,14 +220,10 @@ fn run<K: NormalizedKey>(
             }
         }
     };
-    let (build_t, probe_t) = (transform(build), transform(probe));
+    let (build_t, probe_t) = (transform(build, spaces.0), transform(probe, spaces.1));
     gpu.finish().expect("transform");
     let transformed = start.elapsed();
 
-    let spaces = match pattern {
-        Pattern::Transformed => (Space::Transformed, Space::Transformed),
-        Pattern::Untransformed => (Space::Original, Space::Original),
-    };
     let matches = match method {
         Method::PartitionedHash => gpu.hash_match(&build_t, &probe_t, spaces).expect("match"),
         Method::SortMerge | Method::SortMergeFullWidth => gpu.merge_match(&build_t, &probe_t, spaces).expect("match"),
@@ -236,16 +231,17 @@ fn run<K: NormalizedKey>(
     gpu.finish().expect("match");
     let matched = start.elapsed();
 
-    let (build_columns, probe_columns) = match pattern {
-        Pattern::Transformed => (&build_t.payloads, &probe_t.payloads),
-        Pattern::Untransformed => (&build.payloads, &probe.payloads),
-    };
     let mut output = vec![];
-    for column in build_columns {
-        output.push(gpu.gather_column(column, &matches.build, false).expect("gather"));
-    }
-    for column in probe_columns {
-        output.push(gpu.gather_column(column, &matches.probe, false).expect("gather"));
+    for (space, transformed, side, positions) in
+        [(spaces.0, &build_t, build, &matches.build), (spaces.1, &probe_t, probe, &matches.probe)]
+    {
+        let columns = match space {
+            Space::Transformed => &transformed.payloads,
+            Space::Original => &side.payloads,
+        };
+        for column in columns {
+            output.push(gpu.gather_column(column, positions, false).expect("gather"));
+        }
     }
     gpu.finish().expect("materialize");
     let done = start.elapsed();
@@ -286,14 +282,14 @@ fn bench_workload<K: NormalizedKey>(
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     let full_sort = std::env::var_os("GPU_JOIN_BENCH_FULL_SORT").is_some();
     let full_sort =
-        full_sort.then_some(("SMJ-OM, every key bit sorted", Method::SortMergeFullWidth, Pattern::Transformed));
-    for (label, method, pattern) in ALGORITHMS.into_iter().chain(full_sort) {
+        full_sort.then_some(("SMJ-OM, every key bit sorted", Method::SortMergeFullWidth, Space::Transformed));
+    for (label, method, space) in ALGORITHMS.into_iter().chain(full_sort) {
         let runs = Mutex::new(vec![]);
         group.bench_function(label, |b| {
             b.iter_custom(|iterations| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iterations {
-                    let (phases, rows) = run(gpu, &build, &probe, method, pattern);
+                    let (phases, rows) = run(gpu, &build, &probe, method, (space, space));
                     total += phases.total();
                     runs.lock().expect("runs").push((phases, rows));
                 }
@@ -331,6 +327,13 @@ fn kernels(c: &mut Criterion) {
     };
     let gpu = CudaBackend::open(&device, Arc::new(DeviceCounters::default())).expect("a CUDA backend");
     let scale = std::env::var("GPU_JOIN_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
+    if std::env::var_os("GPU_JOIN_BENCH_SWEEP").is_some() {
+        let started = Instant::now();
+        let profile = device_profile(&gpu).expect("a CUDA device has a profile").expect("the cost profile");
+        println!("cost profile ready in {:.0?} (measured, or read from the cache)", started.elapsed());
+        sweep::sweep(c, &gpu, &profile, scale);
+        return;
+    }
     let results = Mutex::new(vec![]);
     // Workload names separated by `|`, to run only those.
     let only = std::env::var("GPU_JOIN_BENCH_ONLY").unwrap_or_default();

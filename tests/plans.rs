@@ -179,6 +179,33 @@ async fn explain_analyze_shows_rows_bytes_phases_and_memory() {
     }
 }
 
+/// EXPLAIN shows the strategy the settings or fixed rules give, or `auto`
+/// where the device's cost model chooses per build side; EXPLAIN ANALYZE
+/// then shows what ran and, for a weighed choice, why.
+#[tokio::test]
+async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
+    let ctx = context_with_tables(SessionConfig::new()).await;
+    let sql = "SELECT l.s, r.t FROM l JOIN r ON l.k = r.k";
+    let planned = physical_plan_text(&ctx, sql).await;
+    let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+    let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+    match test_options().backend {
+        BackendChoice::Cuda => {
+            assert!(planned.contains("algorithm=auto"), "{planned}");
+            assert!(!line.contains("algorithm=auto") && line.contains("chosen=["), "{line}");
+            assert!(line.contains("estimated ") && line.contains("4 build rows, 5 probe rows"), "{line}");
+        }
+        _ => {
+            assert!(planned.contains("algorithm=PHJ-UM"), "{planned}");
+            assert!(line.contains("algorithm=PHJ-UM") && !line.contains("chosen=["), "{line}");
+        }
+    }
+    run(&ctx, "SET gpu_join.algorithm = 'sort_merge'").await;
+    run(&ctx, "SET gpu_join.materialization = 'transformed'").await;
+    assert!(physical_plan_text(&ctx, sql).await.contains("algorithm=SMJ-OM"));
+}
+
 /// With no CUDA driver, `auto` leaves plans exactly as DataFusion made them
 /// and `cuda` fails with an error that says what to do. On a machine with a
 /// usable device, `auto` plans on it instead.

@@ -3,6 +3,7 @@ use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
+use super::choice::PlannedSizes;
 use crate::config::{AlgorithmChoice, MaterializationChoice, ProbeOrderChoice};
 
 /// Probe chunks of up to this many rows keep probe order under
@@ -42,6 +43,8 @@ pub struct JoinDefinition {
     pub keep_probe_order: ProbeOrderChoice,
     pub algorithm: AlgorithmChoice,
     pub materialization: MaterializationChoice,
+    /// The inputs' sizes as planned, for choosing the strategy.
+    pub planned: PlannedSizes,
 }
 
 impl JoinDefinition {

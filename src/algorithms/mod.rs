@@ -11,6 +11,7 @@
 //!    join type's semantics (outer padding, semi, anti, mark) from flags.
 //! 3. **materialize**: output columns gathered from positions.
 
+pub mod choice;
 mod definition;
 mod materialize;
 mod phases;

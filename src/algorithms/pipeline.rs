@@ -13,12 +13,13 @@ use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::Time;
 
+use super::JoinDefinition;
+use super::choice::{self, Choice};
 use super::materialize::output_batch;
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
-use super::{JoinDefinition, Strategy};
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
 
@@ -105,7 +106,7 @@ pub struct BuildSide<B: JoinBackend> {
     /// (verification of hashed keys, null-aware joins); empty otherwise.
     keys: Vec<ArrayRef>,
     encoder: KeyEncoder,
-    strategy: Strategy,
+    choice: Choice,
     relation: KeyedRelation<B>,
     placements: Vec<Option<ColumnPlacement<B::Column>>>,
     visited: Option<B::Flags>,
@@ -115,6 +116,11 @@ pub struct BuildSide<B: JoinBackend> {
 impl<B: JoinBackend> BuildSide<B> {
     pub fn rows(&self) -> usize {
         self.rows.rows()
+    }
+
+    /// The strategy this build side was transformed for, and why.
+    pub fn choice(&self) -> &Choice {
+        &self.choice
     }
 
     /// The build side's rows on the host, every column.
@@ -134,7 +140,7 @@ impl<B: JoinBackend> BuildSide<B> {
         SideView {
             batch: &self.rows.assembled,
             keys: &self.keys,
-            space: self.strategy.build_space,
+            space: self.choice.strategy.build_space,
             row_ids,
             placements: &self.placements,
             payloads,
@@ -241,7 +247,10 @@ pub fn prepare_build_side<B: JoinBackend>(
         true => staged_keys.concatenated()?,
         false => vec![],
     };
-    let strategy = Strategy::choose(B::PREFERRED_GATHER_SPACE, definition);
+    let choice = choice::choose(choice::device_profile(backend), B::PREFERRED_GATHER_SPACE, definition, || {
+        choice::observe_shape(backend, definition, &encoder, &staged_keys.pieces, rows.rows())
+    })?;
+    let strategy = choice.strategy;
     let PlacedColumns { placements, to_transform } =
         place_columns(backend, &rows.assembled, &definition.build_output_columns(), strategy.build_space)?;
     let with_row_ids =
@@ -267,7 +276,7 @@ pub fn prepare_build_side<B: JoinBackend>(
         whole: OnceLock::new(),
         keys,
         encoder,
-        strategy,
+        choice,
         relation,
         placements,
         visited,
@@ -332,7 +341,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     // Probe order is kept by matching in original probe rows, then
     // ordering the pairs by them.
     let keep_probe_order = definition.keeps_probe_order(chunk.rows());
-    let space = if keep_probe_order { Space::Original } else { build.strategy.probe_space };
+    let space = if keep_probe_order { Space::Original } else { build.choice.strategy.probe_space };
     let key_arrays = match build.encoder.exactness() {
         KeyExactness::NeedsVerification => keys.concatenated()?,
         KeyExactness::Exact => vec![],
@@ -420,7 +429,8 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         placements: &chunk.placements,
         payloads: &probe_relation.payloads,
     };
-    let candidates = find_matches(backend, build_relation, &probe_relation, (build.strategy.build_space, chunk.space))?;
+    let candidates =
+        find_matches(backend, build_relation, &probe_relation, (build.choice.strategy.build_space, chunk.space))?;
     check_candidates(backend.len(&candidates.probe) as u64)?;
     let matches =
         residual::apply(backend, definition, build.encoder.exactness(), &build_view, &probe_view, candidates)?;

@@ -1,11 +1,8 @@
-//! Choosing the algorithm and the materialization pattern of a join.
+//! The strategy of a join: its algorithm and materialization pattern.
 
 use std::fmt;
 
 use crate::backend::Space;
-use crate::config::{AlgorithmChoice, MaterializationChoice};
-
-use super::JoinDefinition;
 
 /// A join algorithm of the GFTR paper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,22 +24,6 @@ pub struct Strategy {
 }
 
 impl Strategy {
-    /// The strategy for a join from the session's choices. `auto` picks the
-    /// partitioned hash join, which the GFTR paper finds best in nearly every
-    /// workload, and the backend's preferred materialization.
-    pub fn choose(backend_preference: Space, definition: &JoinDefinition) -> Self {
-        let algorithm = match definition.algorithm {
-            AlgorithmChoice::SortMerge => Algorithm::SortMerge,
-            AlgorithmChoice::Auto | AlgorithmChoice::Hash => Algorithm::PartitionedHash,
-        };
-        let preferred = match definition.materialization {
-            MaterializationChoice::Transformed => Space::Transformed,
-            MaterializationChoice::Untransformed => Space::Original,
-            MaterializationChoice::Auto => backend_preference,
-        };
-        Self { algorithm, build_space: preferred, probe_space: preferred }
-    }
-
     /// `PHJ-OM`, `SMJ-UM`, … as in the paper; mixed sides read e.g. `PHJ-OM/UM`.
     pub fn label(&self) -> String {
         let algorithm = match self.algorithm {

@@ -11,6 +11,7 @@
 //! transformed relations and the same set of matches for every input.
 
 mod admission;
+mod cache;
 mod counters;
 pub mod cpu;
 pub mod cuda;
@@ -26,6 +27,7 @@ use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
 pub use admission::Admission;
+pub(crate) use cache::cache_dir;
 pub use counters::DeviceCounters;
 
 use crate::keys::NormalizedKey;
@@ -157,6 +159,12 @@ impl PartitionSpec {
         1 << self.bits
     }
 
+    /// Bits of a partition id: the partition bits and one more for the
+    /// unmatchable partition.
+    pub fn digit_bits(&self) -> u32 {
+        self.bits + 1
+    }
+
     pub fn partition_of<K: NormalizedKey>(&self, key: K) -> usize {
         if key == K::UNMATCHABLE {
             return self.partitions();
@@ -192,6 +200,10 @@ impl SortSpec {
         Self { key_bits: (value_bits + 1).min(K::BITS) }
     }
 
+    pub fn digit_bits(&self) -> u32 {
+        self.key_bits
+    }
+
     /// What the sort orders `key` by.
     pub fn sort_key<K: NormalizedKey>(&self, key: K) -> u64 {
         match self.key_bits {
@@ -199,6 +211,11 @@ impl SortSpec {
             bits => key.to_u64() & ((1u64 << bits) - 1),
         }
     }
+}
+
+/// Radix passes over `digit_bits` bits: as few as 8-bit digits allow.
+pub fn radix_pass_count(digit_bits: u32) -> u32 {
+    digit_bits.div_ceil(8).max(1)
 }
 
 /// Checks that both sides of a merge match are sorted, by the same key bits.
@@ -273,6 +290,10 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
 
     /// `cpu` or `cuda`, for EXPLAIN and errors.
     fn name(&self) -> &'static str;
+    /// The device and its software, for a device whose measured costs the
+    /// algorithm choice uses (its cost profile is cached under this name);
+    /// `None` where `algorithm = auto` keeps to fixed rules.
+    fn device_label(&self) -> Option<String>;
     /// Transfer and memory counters of the join this backend instance serves.
     fn counters(&self) -> &DeviceCounters;
     /// Waits until every primitive issued so far has finished, so that its

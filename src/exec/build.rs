@@ -25,6 +25,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, TryStreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::chosen::ChosenStrategies;
 use super::fallback::hash_join_over;
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_by_pass};
@@ -75,6 +76,8 @@ pub(crate) struct DeviceJoin<B: JoinBackend> {
     pub definition: Arc<JoinDefinition>,
     /// DataFusion's join, for chunks the device cannot take.
     pub twin: Arc<HashJoinExec>,
+    /// Where the strategies of its build sides are recorded.
+    pub chosen: Arc<ChosenStrategies>,
 }
 
 /// What the task placing a build side takes from the partition that
@@ -345,7 +348,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let _compute = metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
         let permit = admitted(metrics, admission.shared(options.concurrent_tasks)).await?;
-        match self.prepare(backend, metrics, rows.clone(), ranges.clone()).await {
+        let prepared = match self.prepare(backend, metrics, rows.clone(), ranges.clone()).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
@@ -353,7 +356,9 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 self.prepare(backend, metrics, rows, ranges).await
             }
             prepared => prepared,
-        }
+        }?;
+        self.chosen.record(prepared.choice());
+        Ok(prepared)
     }
 
     async fn prepare(

@@ -16,7 +16,7 @@ impl GpuJoinExec {
 
 impl DisplayAs for GpuJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let strategy = self.strategy();
+        let (strategy, reasons) = self.strategy_text();
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
                 let on = self.on().iter().map(|(l, r)| format!("({l}, {r})")).collect::<Vec<_>>().join(", ");
@@ -24,7 +24,7 @@ impl DisplayAs for GpuJoinExec {
                     f,
                     "GpuJoinExec: backend={}, algorithm={}, mode={:?}, join_type={:?}, on=[{on}]",
                     self.backend().name(),
-                    strategy.label(),
+                    strategy,
                     self.partition_mode(),
                     self.join_type(),
                 )?;
@@ -46,6 +46,9 @@ impl DisplayAs for GpuJoinExec {
                 if self.preserves_probe_order() {
                     write!(f, ", probe_order=kept")?;
                 }
+                if let Some(reasons) = &reasons {
+                    write!(f, ", chosen=[{reasons}]")?;
+                }
                 if t == DisplayFormatType::Verbose {
                     write!(f, ", replaces={}", self.replaces().name())?;
                 }
@@ -53,7 +56,7 @@ impl DisplayAs for GpuJoinExec {
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "backend={}", self.backend().name())?;
-                writeln!(f, "algorithm={}", strategy.label())?;
+                writeln!(f, "algorithm={strategy}")?;
                 writeln!(f, "join_type={:?}", self.join_type())?;
                 let on = self
                     .on()

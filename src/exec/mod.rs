@@ -7,6 +7,7 @@
 //! statistics), so those promises are exactly DataFusion's.
 
 mod build;
+mod chosen;
 mod display;
 mod fallback;
 mod metrics;
@@ -32,7 +33,8 @@ use datafusion::physical_plan::{
     Statistics, apply_expression_roots,
 };
 
-use crate::algorithms::{JoinDefinition, Strategy};
+use crate::algorithms::JoinDefinition;
+use crate::algorithms::choice::{self, planned_sizes};
 use crate::backend::BackendHandle;
 use crate::config::GpuJoinConfig;
 use metrics::GpuJoinMetrics;
@@ -63,6 +65,11 @@ pub struct GpuJoinExec {
     replaces: ReplacedOperator,
     runner: Arc<dyn JoinRunner>,
     metrics: ExecutionPlanMetricsSet,
+    chosen: Arc<chosen::ChosenStrategies>,
+}
+
+fn probe_keys(twin: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
+    twin.on().iter().map(|(_, r)| Arc::clone(r)).collect()
 }
 
 impl GpuJoinExec {
@@ -78,13 +85,15 @@ impl GpuJoinExec {
         }
         let twin = Arc::new(join.builder().reset_state().build()?);
         let definition = Arc::new(Self::definition(&twin, options)?);
+        let chosen = Arc::default();
         let runner = runner_for(
             &backend,
             Arc::clone(&definition),
             Arc::clone(&twin),
             twin.right().output_partitioning().partition_count(),
+            Arc::clone(&chosen),
         );
-        Ok(Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new() })
+        Ok(Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new(), chosen })
     }
 
     fn definition(twin: &HashJoinExec, options: &GpuJoinConfig) -> Result<JoinDefinition> {
@@ -96,7 +105,7 @@ impl GpuJoinExec {
         Ok(JoinDefinition {
             join_type: *twin.join_type(),
             build_keys: twin.on().iter().map(|(l, _)| Arc::clone(l)).collect(),
-            probe_keys: twin.on().iter().map(|(_, r)| Arc::clone(r)).collect(),
+            probe_keys: probe_keys(twin),
             null_equality: twin.null_equality(),
             null_aware: twin.null_aware,
             filter: twin.filter().cloned(),
@@ -107,6 +116,7 @@ impl GpuJoinExec {
             keep_probe_order: options.keep_probe_order,
             algorithm: options.algorithm,
             materialization: options.materialization,
+            planned: planned_sizes(twin.left(), twin.right(), &probe_keys(twin)),
         })
     }
 
@@ -116,13 +126,16 @@ impl GpuJoinExec {
             output_schema: twin.schema(),
             probe_order_required: ExecutionPlan::maintains_input_order(twin.as_ref())[1]
                 && twin.right().output_ordering().is_some(),
+            planned: planned_sizes(twin.left(), twin.right(), &probe_keys(&twin)),
             ..self.definition.as_ref().clone()
         });
+        let chosen = Arc::default();
         let runner = runner_for(
             &self.backend,
             Arc::clone(&definition),
             Arc::clone(&twin),
             twin.right().output_partitioning().partition_count(),
+            Arc::clone(&chosen),
         );
         Self {
             twin,
@@ -131,6 +144,7 @@ impl GpuJoinExec {
             replaces: self.replaces,
             runner,
             metrics: ExecutionPlanMetricsSet::new(),
+            chosen,
         }
     }
 
@@ -175,9 +189,18 @@ impl GpuJoinExec {
         &self.twin
     }
 
-    /// The algorithm and materialization planned for this join.
-    pub fn strategy(&self) -> Strategy {
-        Strategy::choose(self.backend.preferred_gather_space(), &self.definition)
+    /// The strategy as EXPLAIN shows it: what the build sides ran once
+    /// they have, what the settings or fixed rules give before, `auto`
+    /// where the cost model will choose; and the reasons of a choice.
+    pub fn strategy_text(&self) -> (String, Option<String>) {
+        let weighs = matches!(self.backend, BackendHandle::Cuda(_));
+        let planned = choice::planned(self.backend.preferred_gather_space(), &self.definition, weighs);
+        match (self.chosen.describe(), planned) {
+            (Some((labels, reasons)), None) => (labels, Some(reasons)),
+            (Some((labels, _)), Some(_)) => (labels, None),
+            (None, Some(strategy)) => (strategy.label(), None),
+            (None, None) => ("auto".to_string(), None),
+        }
     }
 
     pub fn preserves_probe_order(&self) -> bool {

@@ -19,6 +19,7 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use tokio::sync::OnceCell;
 
 use super::build::{DeviceJoin, PendingBuild};
+use super::chosen::ChosenStrategies;
 use super::metrics::GpuJoinMetrics;
 use super::stream::run_partition;
 use crate::algorithms::JoinDefinition;
@@ -47,12 +48,16 @@ pub(crate) fn runner_for(
     definition: Arc<JoinDefinition>,
     twin: Arc<HashJoinExec>,
     probe_partitions: usize,
+    chosen: Arc<ChosenStrategies>,
 ) -> Arc<dyn JoinRunner> {
     match backend {
-        BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new((), definition, twin, probe_partitions)),
-        BackendHandle::Cuda(device) => {
-            Arc::new(Runner::<CudaBackend>::new(Arc::clone(device), definition, twin, probe_partitions))
+        BackendHandle::Cpu => {
+            Arc::new(Runner::<CpuBackend>::new(DeviceJoin { device: (), definition, twin, chosen }, probe_partitions))
         }
+        BackendHandle::Cuda(device) => Arc::new(Runner::<CudaBackend>::new(
+            DeviceJoin { device: Arc::clone(device), definition, twin, chosen },
+            probe_partitions,
+        )),
     }
 }
 
@@ -77,14 +82,9 @@ impl<B: JoinBackend> fmt::Debug for Runner<B> {
 }
 
 impl<B: JoinBackend> Runner<B> {
-    fn new(
-        device: B::Device,
-        definition: Arc<JoinDefinition>,
-        twin: Arc<HashJoinExec>,
-        probe_partitions: usize,
-    ) -> Self {
+    fn new(join: DeviceJoin<B>, probe_partitions: usize) -> Self {
         Self {
-            join: Arc::new(DeviceJoin { device, definition, twin }),
+            join: Arc::new(join),
             collected_build: Mutex::default(),
             probe_partitions,
             probes_running: AtomicUsize::new(probe_partitions),

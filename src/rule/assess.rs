@@ -8,11 +8,11 @@ use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::sorts::sort::SortExec;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use super::NotOnGpu;
 use super::shape::with_one_build_side;
 use super::walk::Relied;
+use crate::algorithms::choice::plan_statistics;
 use crate::backend::{BackendHandle, cuda_backend};
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExec, ReplacedOperator};
@@ -163,8 +163,7 @@ fn key_type(key: &PhysicalExprRef, schema: &arrow::datatypes::Schema) -> Result<
 }
 
 fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    let statistics = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
-    statistics.num_rows.get_value().copied()
+    plan_statistics(plan)?.num_rows.get_value().copied()
 }
 
 /// The input of a plain sort (no fetch), or the node itself.

@@ -96,7 +96,7 @@ impl JoinDecision {
             operator: join.replaces().name().to_string(),
             join_type: join.join_type(),
             on: keys_text(join.on().iter()),
-            placement: Placement::Gpu { backend: join.backend().name(), algorithm: join.strategy().label() },
+            placement: Placement::Gpu { backend: join.backend().name(), algorithm: join.strategy_text().0 },
         }
     }
 

@@ -65,6 +65,9 @@ pub struct CudaDevice {
     kernels: Kernels,
     pub(crate) budget: MemoryBudget,
     pub(crate) name: String,
+    /// The device's name and the build of its kernels, naming its cost
+    /// profile.
+    pub(crate) label: String,
     /// Largest dynamic shared memory one block may use.
     pub(crate) max_shared_bytes: u32,
     pub(crate) staging: Mutex<Vec<super::memory::Staging>>,
@@ -137,12 +140,14 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             }
             .map_err(|e| format!("kernel {name}: preferring shared memory: {e}"))?;
         }
+        let label = format!("{name}, kernels {:016x}", super::kernels::kernel_fingerprint());
         Ok(CudaDevice {
             pinned: Arc::new(PinnedPool::new(Arc::clone(&context))),
             context,
             kernels,
             budget: MemoryBudget::default(),
             name,
+            label,
             max_shared_bytes,
             staging: Mutex::default(),
             admission: Admission::default(),

@@ -74,6 +74,14 @@ pub(crate) fn kernel_source() -> String {
     SOURCES.iter().map(|(name, text)| format!("#line 1 \"{name}\"\n{text}\n")).collect()
 }
 
+/// A hash of the kernel sources: what was measured of one build of the
+/// kernels does not describe another.
+pub(crate) fn kernel_fingerprint() -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    kernel_source().hash(&mut hasher);
+    hasher.finish()
+}
+
 fn nvrtc_version() -> Result<(i32, i32), String> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: writes two integers.
@@ -137,21 +145,12 @@ fn cubin(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     Ok(image)
 }
 
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("GPU_JOIN_KERNEL_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
-    Some(base.join("datafusion-gpu-join"))
-}
-
 fn cache_path(arch: &str) -> Result<Option<PathBuf>, String> {
     let (major, minor) = nvrtc_version()?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (kernel_source(), arch, major, minor, options(arch)).hash(&mut hasher);
-    Ok(cache_dir().map(|dir| dir.join(format!("kernels-{arch}-nvrtc{major}.{minor}-{:016x}.cubin", hasher.finish()))))
+    let file = format!("kernels-{arch}-nvrtc{major}.{minor}-{:016x}.cubin", hasher.finish());
+    Ok(crate::backend::cache_dir().map(|dir| dir.join(file)))
 }
 
 /// The CUBIN for `arch`, from the disk cache or freshly compiled (and then

@@ -143,6 +143,10 @@ impl JoinBackend for CudaBackend {
         "cuda"
     }
 
+    fn device_label(&self) -> Option<String> {
+        Some(self.instance.device.label.clone())
+    }
+
     fn counters(&self) -> &DeviceCounters {
         &self.instance.counters
     }

@@ -12,7 +12,7 @@ use datafusion::error::Result;
 use super::column::CudaColumn;
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
-use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Transformed};
+use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Transformed, radix_pass_count};
 use crate::keys::NormalizedKey;
 
 /// Items per tile of the radix kernels (BLOCK x TILE_ITEMS in radix.cu).
@@ -52,10 +52,10 @@ impl Digits {
     /// fewer digits per pass make longer runs to write.
     fn passes(&self) -> Vec<(u32, u32)> {
         let total = match self {
-            Digits::Partition(spec) => spec.bits + 1,
-            Digits::Key(spec) => spec.key_bits,
+            Digits::Partition(spec) => spec.digit_bits(),
+            Digits::Key(spec) => spec.digit_bits(),
         };
-        let count = total.div_ceil(8).max(1);
+        let count = radix_pass_count(total);
         let per_pass = total.div_ceil(count);
         (0..count)
             .map(|pass| {

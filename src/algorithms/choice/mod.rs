@@ -1,0 +1,141 @@
+//! Choosing the algorithm and the materialization pattern of each join.
+//!
+//! Under `gpu_join.algorithm = auto` (and `materialization = auto`) a join
+//! on a device with a cost profile runs the strategy the cost model
+//! ([`cost`]) expects to be fastest for its shape ([`shape`]): partitioned
+//! hash or sort-merge, and per side gathering from the transformed relation
+//! (GFTR) or by row id (GFUR). The shape needs the build side's keys (runs
+//! of equal keys cannot be read off statistics), so the choice is made when
+//! the build side has been collected; EXPLAIN ANALYZE shows it and why.
+//! Backends without a profile (the CPU reference) keep fixed rules.
+
+mod cost;
+mod observe;
+mod profile;
+mod shape;
+
+pub use cost::{Estimate, estimate};
+pub(crate) use observe::observe_shape;
+pub use observe::{PlannedSizes, plan_statistics, planned_sizes};
+pub use profile::{CostProfile, PROFILE_ROWS, device_profile, measure};
+pub use shape::{JoinShape, KeyEstimates, KeySample, SAMPLE_ROWS, estimate_keys, sample_positions};
+
+use datafusion::error::Result;
+
+use super::{Algorithm, JoinDefinition, Strategy};
+use crate::backend::Space;
+use crate::config::{AlgorithmChoice, MaterializationChoice};
+
+/// The strategy a join runs, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub strategy: Strategy,
+    pub reason: String,
+}
+
+/// The strategies the session's settings allow for a join.
+fn candidates(definition: &JoinDefinition) -> Vec<Strategy> {
+    let algorithms: &[Algorithm] = match definition.algorithm {
+        AlgorithmChoice::Auto => &[Algorithm::PartitionedHash, Algorithm::SortMerge],
+        AlgorithmChoice::Hash => &[Algorithm::PartitionedHash],
+        AlgorithmChoice::SortMerge => &[Algorithm::SortMerge],
+    };
+    let spaces: &[Space] = match definition.materialization {
+        MaterializationChoice::Auto => &[Space::Transformed, Space::Original],
+        MaterializationChoice::Transformed => &[Space::Transformed],
+        MaterializationChoice::Untransformed => &[Space::Original],
+    };
+    // Kept probe order matches in original probe rows anyway.
+    let probe_spaces = match definition.probe_order_required {
+        true => &[Space::Original],
+        false => spaces,
+    };
+    let mut strategies = vec![];
+    for &algorithm in algorithms {
+        for &build_space in spaces {
+            for &probe_space in probe_spaces {
+                strategies.push(Strategy { algorithm, build_space, probe_space });
+            }
+        }
+    }
+    strategies
+}
+
+/// The strategy when nothing is weighed: what the session set, the
+/// partitioned hash join (which the GFTR paper finds best nearly
+/// everywhere) and the backend's preferred materialization otherwise.
+pub fn fixed_rule(preference: Space, definition: &JoinDefinition) -> Strategy {
+    let algorithm = match definition.algorithm {
+        AlgorithmChoice::SortMerge => Algorithm::SortMerge,
+        AlgorithmChoice::Auto | AlgorithmChoice::Hash => Algorithm::PartitionedHash,
+    };
+    let space = match definition.materialization {
+        MaterializationChoice::Transformed => Space::Transformed,
+        MaterializationChoice::Untransformed => Space::Original,
+        MaterializationChoice::Auto => preference,
+    };
+    Strategy { algorithm, build_space: space, probe_space: space }
+}
+
+/// What EXPLAIN can say before the join runs: the strategy when the
+/// settings or fixed rules decide it, `None` when the cost model will.
+pub fn planned(preference: Space, definition: &JoinDefinition, weighs: bool) -> Option<Strategy> {
+    match candidates(definition).as_slice() {
+        [only] => Some(*only),
+        _ if !weighs => Some(fixed_rule(preference, definition)),
+        _ => None,
+    }
+}
+
+/// Chooses a join's strategy. `profile` is the device's cost profile
+/// (`None` for backends without one); `shape` is only observed when there
+/// is something to weigh.
+pub fn choose(
+    profile: Option<std::result::Result<CostProfile, String>>,
+    preference: Space,
+    definition: &JoinDefinition,
+    shape: impl FnOnce() -> Result<JoinShape>,
+) -> Result<Choice> {
+    let candidates = candidates(definition);
+    if let [only] = candidates.as_slice() {
+        return Ok(Choice { strategy: *only, reason: "set by the session".to_string() });
+    }
+    let profile = match profile {
+        Some(Ok(profile)) => profile,
+        Some(Err(e)) => {
+            return Ok(Choice { strategy: fixed_rule(preference, definition), reason: format!("fixed rule: {e}") });
+        }
+        None => return Ok(Choice { strategy: fixed_rule(preference, definition), reason: "fixed rule".to_string() }),
+    };
+    let shape = shape()?;
+    Ok(weigh(&profile, &shape, &candidates).unwrap_or_else(|| Choice {
+        strategy: fixed_rule(preference, definition),
+        reason: "fixed rule: nothing to weigh".to_string(),
+    }))
+}
+
+/// The candidate the model expects to be fastest; `None` without candidates.
+pub fn weigh(profile: &CostProfile, shape: &JoinShape, candidates: &[Strategy]) -> Option<Choice> {
+    let mut estimates: Vec<(Strategy, f64)> =
+        candidates.iter().map(|&s| (s, estimate(profile, shape, s).total())).collect();
+    estimates.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let ms = |ns: f64| ns / 1e6;
+    let &(best, best_ns) = estimates.first()?;
+    let next = estimates.get(1).map(|(s, ns)| format!(", next {} {:.2} ms", s.label(), ms(*ns))).unwrap_or_default();
+    let keys = shape.keys;
+    let reason = format!(
+        "estimated {:.2} ms{next}; {} build rows, {} probe rows, {}+{} payload columns, match ratio {:.2}, \
+         {:.1} build rows per matching probe row",
+        ms(best_ns),
+        shape.build_rows,
+        shape.probe_rows,
+        shape.build_payloads.len(),
+        shape.probe_payloads.len(),
+        keys.match_ratio,
+        keys.matches_per_match,
+    );
+    Some(Choice { strategy: best, reason })
+}
+
+#[cfg(test)]
+mod tests;

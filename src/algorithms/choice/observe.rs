@@ -1,0 +1,166 @@
+//! The shape of a join, observed where it is chosen: the collected build
+//! side, the session's plan (widths, statistics) and the backend.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Int64Array, UInt32Array};
+use arrow::compute::{cast, concat, take};
+use arrow::datatypes::DataType;
+use datafusion::common::{JoinSide, ScalarValue, Statistics};
+use datafusion::error::Result;
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+
+use super::shape::{JoinShape, KeySample, estimate_keys, sample_positions};
+use crate::algorithms::{JoinDefinition, OutputColumn};
+use crate::backend::{JoinBackend, PartitionSpec, radix_pass_count};
+use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
+
+/// What DataFusion's statistics say of a join's inputs when it is planned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlannedSizes {
+    pub build_rows: Option<usize>,
+    pub probe_rows: Option<usize>,
+    /// Least and greatest probe key, for one integer key column.
+    pub probe_key_range: Option<(i64, i64)>,
+}
+
+/// The sizes of a join over `build` and `probe`, from their statistics.
+pub fn planned_sizes(
+    build: &Arc<dyn ExecutionPlan>,
+    probe: &Arc<dyn ExecutionPlan>,
+    probe_keys: &[PhysicalExprRef],
+) -> PlannedSizes {
+    let rows = |plan: &Arc<dyn ExecutionPlan>| plan_statistics(plan)?.num_rows.get_value().copied();
+    let probe_key_range = match probe_keys {
+        [key] => key.downcast_ref::<Column>().and_then(|column| {
+            let statistics = plan_statistics(probe)?;
+            let column = statistics.column_statistics.get(column.index())?;
+            Some((as_i64(column.min_value.get_value()?)?, as_i64(column.max_value.get_value()?)?))
+        }),
+        _ => None,
+    };
+    PlannedSizes { build_rows: rows(build), probe_rows: rows(probe), probe_key_range }
+}
+
+/// DataFusion's statistics of a whole plan (every partition).
+pub fn plan_statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
+    StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()
+}
+
+fn as_i64(value: &ScalarValue) -> Option<i64> {
+    if !value.data_type().is_integer() {
+        return None;
+    }
+    match value.cast_to(&DataType::Int64).ok()? {
+        ScalarValue::Int64(v) => v,
+        _ => None,
+    }
+}
+
+/// The join's shape for a build side of `build_rows` rows whose key columns
+/// came in `key_pieces`, encoded by `encoder`.
+pub(crate) fn observe_shape<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    encoder: &KeyEncoder,
+    key_pieces: &[Vec<ArrayRef>],
+    build_rows: usize,
+) -> Result<JoinShape> {
+    let planned = definition.planned;
+    let probe_rows = match (planned.probe_rows, planned.build_rows) {
+        // Per build side: a partition's build side meets its share.
+        (Some(probe), Some(build)) if build > 0 => (build_rows as f64 * probe as f64 / build as f64) as usize,
+        (Some(probe), _) => probe,
+        (None, _) => build_rows,
+    };
+    let sort_bits = match encoder.key_bits() {
+        32 => encoder.sort_spec::<u32>().digit_bits(),
+        _ => encoder.sort_spec::<u64>().digit_bits(),
+    };
+    let partition = PartitionSpec::for_build_rows(build_rows, backend.partition_target_rows());
+    let verified = encoder.exactness() == KeyExactness::NeedsVerification;
+    let (build_payloads, build_on_host) = payload_widths(backend, definition, JoinSide::Left);
+    let (probe_payloads, probe_on_host) = payload_widths(backend, definition, JoinSide::Right);
+    let sample = key_sample(encoder, key_pieces, build_rows)?;
+    Ok(JoinShape {
+        build_rows,
+        probe_rows,
+        key_bytes: encoder.key_bits() / 8,
+        partition_passes: radix_pass_count(partition.digit_bits()),
+        sort_passes: radix_pass_count(sort_bits),
+        build_payloads,
+        probe_payloads,
+        row_ids_anyway: (
+            verified || build_on_host || definition.null_aware || definition.filter_reads(JoinSide::Left),
+            verified || probe_on_host || definition.filter_reads(JoinSide::Right),
+        ),
+        keys: estimate_keys(&sample, planned.probe_key_range),
+    })
+}
+
+/// Bytes per value of the side's output columns the device gathers, and
+/// whether some are gathered on the host (by row id) instead.
+fn payload_widths<B: JoinBackend>(backend: &B, definition: &JoinDefinition, side: JoinSide) -> (Vec<u32>, bool) {
+    let mut seen = vec![];
+    let (mut widths, mut on_host) = (vec![], false);
+    for (field, column) in definition.output_schema.fields().iter().zip(&definition.output_columns) {
+        let index = match (column, side) {
+            (OutputColumn::Build(i), JoinSide::Left) | (OutputColumn::Probe(i), JoinSide::Right) => *i,
+            _ => continue,
+        };
+        if seen.contains(&index) {
+            continue;
+        }
+        seen.push(index);
+        match backend.holds_column(field.data_type()) {
+            true => widths.push(field.data_type().primitive_width().unwrap_or(8) as u32),
+            false => on_host = true,
+        }
+    }
+    (widths, on_host)
+}
+
+/// The keys of up to `SAMPLE_ROWS` build rows, normalised, and their values
+/// for one integer key column.
+fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -> Result<KeySample> {
+    let positions = sample_positions(rows);
+    let columns = key_pieces.first().map_or(0, Vec::len);
+    let mut taken: Vec<Vec<ArrayRef>> = vec![vec![]; columns];
+    let (mut first_row, mut next) = (0usize, 0usize);
+    for piece in key_pieces {
+        let piece_rows = piece.first().map_or(0, |k| k.len());
+        let end = positions[next..].partition_point(|&p| p < first_row + piece_rows) + next;
+        let indices = UInt32Array::from_iter_values(positions[next..end].iter().map(|&p| (p - first_row) as u32));
+        for (column, key) in taken.iter_mut().zip(piece) {
+            column.push(take(key.as_ref(), &indices, None)?);
+        }
+        (first_row, next) = (first_row + piece_rows, end);
+    }
+    let sampled: Vec<ArrayRef> = taken
+        .iter()
+        .map(|parts| concat(&parts.iter().map(|a| a.as_ref()).collect::<Vec<_>>()))
+        .collect::<std::result::Result<_, _>>()?;
+    if sampled.is_empty() {
+        return Ok(KeySample { population: rows, ..KeySample::default() });
+    }
+    // Null keys match nothing: they are neither duplicates nor matches.
+    let keys: Vec<u64> = match encoder.encode(&sampled)? {
+        NormalizedKeys::U32(keys) => keys.into_iter().filter(|&k| k != u32::UNMATCHABLE).map(u64::from).collect(),
+        NormalizedKeys::U64(keys) => keys.into_iter().filter(|&k| k != u64::UNMATCHABLE).collect(),
+    };
+    let population = match positions.len() {
+        0 => 0,
+        sampled => (rows as f64 * keys.len() as f64 / sampled as f64) as usize,
+    };
+    let values = match sampled.as_slice() {
+        [column] if column.data_type().is_integer() => {
+            let values = cast(column, &DataType::Int64)?;
+            values.as_any().downcast_ref::<Int64Array>().map(|v| v.iter().flatten().collect())
+        }
+        _ => None,
+    };
+    Ok(KeySample { population, keys, values })
+}
