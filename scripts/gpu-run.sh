@@ -8,6 +8,7 @@
 #   primitives-large  primitive differential tests up to 2^27 rows
 #   memcheck          compute-sanitizer memcheck on the primitives and the fuzz test
 #   bench             the kernel benchmark (GFTR paper workload)
+#   sweep             the kernel benchmark's sweep of algorithm = auto
 #   operator          the operator benchmark: GPU session against DataFusion
 #   stress            16 concurrent queries for GPU_JOIN_STRESS_SECONDS (default 180)
 #   tpch              TPC-H SF 1 against the official answers and DataFusion
@@ -43,7 +44,7 @@ step() {
 }
 
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1
-steps=${*:-tests primitives-large memcheck bench operator stress tpch}
+steps=${*:-tests primitives-large memcheck bench sweep operator stress tpch}
 for name in $steps; do
     case $name in
     tests) step tests ./bin/integration --test-threads 2 ;;
@@ -51,6 +52,7 @@ for name in $steps; do
     memcheck) step memcheck env GPU_JOIN_FUZZ_CASES=150 "$sanitizer" --tool memcheck --error-exitcode 1 \
         ./bin/integration --test-threads 1 primitives fuzz ;;
     bench) step bench ./bin/kernels --bench ;;
+    sweep) step sweep env GPU_JOIN_BENCH_SWEEP=1 ./bin/kernels --bench ;;
     operator) step operator ./bin/operator --bench ;;
     stress) step stress env GPU_JOIN_STRESS_SECONDS="${GPU_JOIN_STRESS_SECONDS:-180}" \
         ./bin/integration --nocapture reliability::concurrent ;;

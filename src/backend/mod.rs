@@ -285,6 +285,10 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// An instance serving one partition of one join, counting into `counters`.
     fn open(device: &Self::Device, counters: Arc<DeviceCounters>) -> Result<Self>;
 
+    /// Another instance on the same device, counting into counters of its
+    /// own: for work that serves no one join (measuring the device).
+    fn detached(&self) -> Result<Self>;
+
     /// Who may run GPU jobs on the device now: one admission per device.
     fn admission(device: &Self::Device) -> &Admission;
 

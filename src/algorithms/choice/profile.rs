@@ -141,17 +141,29 @@ impl CostProfile {
 
 /// The profile of the device `backend` runs on: measured the first time
 /// this process asks (other asks wait for it), unless a process measured it
-/// before and left it on disk. `None` for backends without one; a failed
-/// measurement is reported, once, and asked again by no one.
+/// before and left it on disk. `None` for backends without one. A failed
+/// measurement (the device full, say) is not kept: the next ask measures
+/// again.
 pub fn device_profile<B: JoinBackend>(backend: &B) -> Option<std::result::Result<CostProfile, String>> {
-    type Slot = Arc<OnceLock<std::result::Result<CostProfile, String>>>;
+    /// A device's profile once measured; asks wait on its lock meanwhile.
+    type Slot = Arc<Mutex<Option<CostProfile>>>;
     static PROFILES: OnceLock<Mutex<HashMap<String, Slot>>> = OnceLock::new();
     let device = backend.device_label()?;
     let slot = {
         let mut profiles = PROFILES.get_or_init(Mutex::default).lock().ok()?;
         Arc::clone(profiles.entry(device.clone()).or_default())
     };
-    Some(slot.get_or_init(|| load_or_measure(backend, &device)).clone())
+    let Ok(mut profile) = slot.lock() else {
+        return Some(Err("the cost profile's lock is poisoned".to_string()));
+    };
+    if let Some(profile) = *profile {
+        return Some(Ok(profile));
+    }
+    let measured = load_or_measure(backend, &device);
+    if let Ok(measured) = measured {
+        *profile = Some(measured);
+    }
+    Some(measured)
 }
 
 fn profile_path(device: &str) -> Option<PathBuf> {
@@ -168,7 +180,10 @@ fn load_or_measure<B: JoinBackend>(backend: &B, device: &str) -> std::result::Re
         return Ok(profile);
     }
     let started = Instant::now();
-    let profile = measure(backend, PROFILE_ROWS).map_err(|e| format!("measuring the device's cost profile: {e}"))?;
+    // On an instance of its own: the join that asked may be cancelled, or
+    // count allocations against its own limits.
+    let measured = backend.detached().and_then(|detached| measure(&detached, PROFILE_ROWS));
+    let profile = measured.map_err(|e| format!("measuring the device's cost profile: {e}"))?;
     log::info!("gpu_join: measured the cost profile of {device} in {:.0?}: {profile:?}", started.elapsed());
     // A cache that cannot be written only means measuring again next time.
     if let Some(path) = path {

@@ -50,6 +50,10 @@ impl JoinBackend for CpuBackend {
         Ok(Self { counters })
     }
 
+    fn detached(&self) -> Result<Self> {
+        Ok(Self { counters: Arc::new(DeviceCounters::default()) })
+    }
+
     fn admission(_device: &()) -> &Admission {
         static ADMISSION: OnceLock<Admission> = OnceLock::new();
         ADMISSION.get_or_init(Admission::default)

@@ -135,6 +135,10 @@ impl JoinBackend for CudaBackend {
         Ok(Self { instance: Instance::new(Arc::clone(device), stream, counters) })
     }
 
+    fn detached(&self) -> Result<Self> {
+        Self::open(&self.instance.device, Arc::new(DeviceCounters::default()))
+    }
+
     fn admission(device: &Arc<CudaDevice>) -> &Admission {
         &device.admission
     }
