@@ -307,9 +307,16 @@ pub fn measure<B: JoinBackend>(backend: &B, rows: usize) -> Result<CostProfile> 
     let merge_pair_ns = per(dup_merge - 2.0 * merge_row_ns * dup_rows, pairs);
     drop((build_p, probe_p, build_s, probe_s));
 
-    let in_order = backend.sequence(rows)?;
-    let clustered = time(backend, || backend.gather_column(&narrow, &in_order, false))?
-        + time(backend, || backend.gather_column(&wide, &in_order, false))?;
+    // Matches gathered from a transformed relation fall within one
+    // partition's rows at a time, in no particular order within it.
+    let window = partition_spec.partitions().max(1);
+    let window_rows = rows.div_ceil(window).max(1);
+    let clustered: Vec<u32> = (0..rows)
+        .map(|i| ((i / window_rows * window_rows) as u32 + mixer.below(window_rows)).min(rows as u32 - 1))
+        .collect();
+    let clustered = backend.upload(&clustered)?;
+    let clustered = time(backend, || backend.gather_column(&narrow, &clustered, false))?
+        + time(backend, || backend.gather_column(&wide, &clustered, false))?;
     let clustered_byte_ns = per(clustered, 12.0 * n);
     let mut random_value_ns = [0.0; 3];
     for (slot, bytes) in random_value_ns.iter_mut().zip(RANDOM_SOURCE_BYTES) {
