@@ -4,9 +4,10 @@
 //! 4-byte payload columns per side, every probe row matching), one factor
 //! varies at a time: match ratio 1/2 to 1/16, zipf 0.5 to 2 over S's keys,
 //! 1 to 6 payload columns, |S|/|R| 1 to 16, 8-byte keys and payloads, and
-//! a build side of 1,000 distinct keys (probed by 2^12 rows). Each cell measures the four fixed
-//! strategies and auto, whose time includes sampling the build keys and
-//! weighing the strategies, as the operator does.
+//! a build side of 1,000 distinct keys (probed by 2^12 rows). Each cell
+//! measures the four fixed strategies and auto, whose time includes
+//! sampling the build keys and weighing the strategies, as the operator
+//! does.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -15,10 +16,10 @@ use criterion::Criterion;
 use datafusion_gpu_join::algorithms::Algorithm;
 use datafusion_gpu_join::algorithms::Strategy;
 use datafusion_gpu_join::algorithms::choice::{
-    CostProfile, JoinShape, KeySample, estimate_keys, sample_positions, weigh,
+    CostProfile, JoinShape, KeySample, estimate_keys, every_strategy, sample_positions, weigh,
 };
 use datafusion_gpu_join::backend::cuda::CudaBackend;
-use datafusion_gpu_join::backend::{JoinBackend, PartitionSpec, SortSpec, Space, radix_pass_count};
+use datafusion_gpu_join::backend::{JoinBackend, PartitionSpec, SortSpec, radix_pass_count};
 use datafusion_gpu_join::keys::NormalizedKey;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -83,18 +84,6 @@ fn shape<K: NormalizedKey>(
         row_ids_anyway: (false, false),
         keys: estimate_keys(&sample, Some(probe_range)),
     }
-}
-
-fn every_strategy() -> Vec<Strategy> {
-    let mut strategies = vec![];
-    for algorithm in [Algorithm::PartitionedHash, Algorithm::SortMerge] {
-        for build_space in [Space::Transformed, Space::Original] {
-            for probe_space in [Space::Transformed, Space::Original] {
-                strategies.push(Strategy { algorithm, build_space, probe_space });
-            }
-        }
-    }
-    strategies
 }
 
 fn method(strategy: Strategy) -> Method {

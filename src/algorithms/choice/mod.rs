@@ -50,15 +50,26 @@ fn candidates(definition: &JoinDefinition) -> Vec<Strategy> {
         true => &[Space::Original],
         false => spaces,
     };
+    strategies(algorithms, spaces, probe_spaces)
+}
+
+/// Every combination of the given algorithms and sides' spaces.
+fn strategies(algorithms: &[Algorithm], build_spaces: &[Space], probe_spaces: &[Space]) -> Vec<Strategy> {
     let mut strategies = vec![];
     for &algorithm in algorithms {
-        for &build_space in spaces {
+        for &build_space in build_spaces {
             for &probe_space in probe_spaces {
                 strategies.push(Strategy { algorithm, build_space, probe_space });
             }
         }
     }
     strategies
+}
+
+/// The eight strategies `auto` weighs when no setting narrows them.
+pub fn every_strategy() -> Vec<Strategy> {
+    let spaces = [Space::Transformed, Space::Original];
+    strategies(&[Algorithm::PartitionedHash, Algorithm::SortMerge], &spaces, &spaces)
 }
 
 /// The strategy when nothing is weighed: what the session set, the

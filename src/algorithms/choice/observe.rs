@@ -33,16 +33,16 @@ pub fn planned_sizes(
     probe: &Arc<dyn ExecutionPlan>,
     probe_keys: &[PhysicalExprRef],
 ) -> PlannedSizes {
-    let rows = |plan: &Arc<dyn ExecutionPlan>| plan_statistics(plan)?.num_rows.get_value().copied();
+    let rows = |statistics: &Option<Arc<Statistics>>| statistics.as_ref()?.num_rows.get_value().copied();
+    let probe_statistics = plan_statistics(probe);
     let probe_key_range = match probe_keys {
         [key] => key.downcast_ref::<Column>().and_then(|column| {
-            let statistics = plan_statistics(probe)?;
-            let column = statistics.column_statistics.get(column.index())?;
+            let column = probe_statistics.as_ref()?.column_statistics.get(column.index())?;
             Some((as_i64(column.min_value.get_value()?)?, as_i64(column.max_value.get_value()?)?))
         }),
         _ => None,
     };
-    PlannedSizes { build_rows: rows(build), probe_rows: rows(probe), probe_key_range }
+    PlannedSizes { build_rows: rows(&plan_statistics(build)), probe_rows: rows(&probe_statistics), probe_key_range }
 }
 
 /// DataFusion's statistics of a whole plan (every partition).

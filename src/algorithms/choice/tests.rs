@@ -43,10 +43,6 @@ fn shape(build_rows: usize, probe_rows: usize, payloads: usize, keys: KeyEstimat
     }
 }
 
-fn every_strategy() -> Vec<Strategy> {
-    candidates(&definition(AlgorithmChoice::Auto, MaterializationChoice::Auto))
-}
-
 fn definition(algorithm: AlgorithmChoice, materialization: MaterializationChoice) -> JoinDefinition {
     let schema =
         Arc::new(Schema::new(vec![Field::new("p", DataType::Int32, false), Field::new("q", DataType::Int32, false)]));
