@@ -11,20 +11,25 @@ use arrow::array::{
     ArrayRef, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float64Array, Int16Array, Int32Array,
     Int64Array, ListArray, RecordBatch, StringArray, StringViewArray, UInt8Array,
 };
+use arrow::compute::{LexicographicalComparator, SortColumn, SortOptions};
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, lit};
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, Partitioning, collect};
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning, collect, collect_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::GpuJoinExec;
 use datafusion_gpu_join::config::{AlgorithmChoice, MaterializationChoice};
 use datafusion_gpu_join::exec::ReplacedOperator;
+use datafusion_gpu_join::{GpuJoinExec, GpuJoinRule};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -424,5 +429,140 @@ async fn gpu_join_matches_hash_join_on_random_inputs() {
     }
     if cases >= 500 {
         assert_eq!(covered.len(), 20, "every join type with and without a filter: {covered:?}");
+    }
+}
+
+/// The key kinds whose values pack, so that a sort-merge join on them can be
+/// replaced where its order is relied on (`HashedInt64` spans too wide a
+/// range at run time, so DataFusion's operator joins it, sorted).
+fn sorts_on_device(kind: KeyKind) -> bool {
+    !matches!(kind, KeyKind::Utf8 | KeyKind::Utf8View | KeyKind::Dictionary | KeyKind::Float64 | KeyKind::Int32AndUtf8)
+}
+
+/// The case as DataFusion plans a sort-merge join: both sides hash
+/// partitioned and sorted by their keys in `options`.
+fn sort_merge_join(case: &Case, options: &[SortOptions]) -> datafusion::error::Result<SortMergeJoinExec> {
+    let sorted = |side: &(SchemaRef, Vec<Vec<RecordBatch>>), prefix: &str| -> Arc<dyn ExecutionPlan> {
+        let keys = key_exprs(&side.0, prefix);
+        let input = RepartitionExec::try_new(memory_input(side), Partitioning::Hash(keys.clone(), case.partitions))
+            .expect("repartition");
+        let ordering = keys.iter().zip(options).map(|(k, o)| PhysicalSortExpr::new(Arc::clone(k), *o));
+        let ordering = LexOrdering::new(ordering).expect("at least one key");
+        Arc::new(SortExec::new(ordering, Arc::new(input)).with_preserve_partitioning(true))
+    };
+    let (left_keys, right_keys) = (key_exprs(&case.left.0, "l"), key_exprs(&case.right.0, "r"));
+    SortMergeJoinExec::try_new(
+        sorted(&case.left, "l"),
+        sorted(&case.right, "r"),
+        left_keys.into_iter().zip(right_keys).collect(),
+        case.with_filter.then(|| filter(case)),
+        case.join_type,
+        options.to_vec(),
+        case.null_equality,
+    )
+}
+
+/// Whether every partition's rows are in `ordering`.
+fn partitions_in_order(partitions: &[Vec<RecordBatch>], ordering: &LexOrdering) -> Result<(), String> {
+    for (p, batches) in partitions.iter().enumerate() {
+        let Some(first) = batches.first() else { continue };
+        let batch = arrow::compute::concat_batches(&first.schema(), batches).map_err(|e| e.to_string())?;
+        let columns = ordering
+            .iter()
+            .map(|sort| {
+                let values = sort.expr.evaluate(&batch)?.into_array(batch.num_rows())?;
+                Ok(SortColumn { values, options: Some(sort.options) })
+            })
+            .collect::<datafusion::error::Result<Vec<_>>>()
+            .map_err(|e| e.to_string())?;
+        let comparator = LexicographicalComparator::try_new(&columns).map_err(|e| e.to_string())?;
+        if let Some(row) = (1..batch.num_rows()).find(|&i| comparator.compare(i - 1, i).is_gt()) {
+            return Err(format!("partition {p}: row {row} comes before row {} in [{ordering}]", row - 1));
+        }
+    }
+    Ok(())
+}
+
+/// Runs a case as a sort-merge join whose order the plan relies on; returns
+/// whether the GPU join replaced it.
+async fn run_ordered_case(case: &Case, rng: &mut StdRng) -> Result<bool, String> {
+    let options: Vec<SortOptions> = (0..key_exprs(&case.left.0, "l").len())
+        .map(|_| SortOptions { descending: rng.random_bool(0.3), nulls_first: rng.random_bool(0.7) })
+        .collect();
+    // Two plans: stateful inputs such as RepartitionExec run only once.
+    let reference = match sort_merge_join(case, &options) {
+        Ok(join) => join,
+        // Join types DataFusion's sort-merge join does not take.
+        Err(_) => return Ok(false),
+    };
+    let mut gpu_options = test_options();
+    gpu_options.materialization = case.materialization;
+    let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(gpu_options);
+    let smj = Arc::new(sort_merge_join(case, &options).map_err(|e| e.to_string())?);
+    let promised = smj.properties().output_ordering().cloned();
+    let plan = GpuJoinRule.optimize(smj, config.options()).map_err(|e| format!("the rule failed: {e}"))?;
+    let replaced = plan.downcast_ref::<GpuJoinExec>().is_some();
+    if replaced && plan.children().iter().any(|c| c.is::<SortExec>()) {
+        return Err("the sorts below the replaced sort-merge join are still there".into());
+    }
+    if plan.output_ordering() != promised.as_ref() {
+        return Err(format!("output ordering {:?}, the sort-merge join's {promised:?}", plan.output_ordering()));
+    }
+    let task = SessionContext::new_with_config(config).task_ctx();
+    let expected = match collect_partitioned(Arc::new(reference), Arc::clone(&task)).await {
+        Ok(expected) => expected,
+        // Key types DataFusion's sort-merge join does not compare.
+        Err(e) if !replaced && matches!(e.find_root(), DataFusionError::NotImplemented(_)) => return Ok(false),
+        Err(e) => return Err(format!("SortMergeJoinExec failed: {e}")),
+    };
+    let actual = collect_partitioned(plan, task).await.map_err(|e| format!("GpuJoinExec failed: {e}"))?;
+    // Where a filter leaves some rows of equal keys unmatched, their NULL
+    // padding sorts wherever the rows of equal keys fall: DataFusion's own
+    // output then keeps only the order of the keys, not the padded side's
+    // order it promises after them.
+    let padded_by_filter = case.with_filter && matches!(case.join_type, JoinType::Left | JoinType::Right);
+    if let (Some(ordering), true) = (&promised, replaced) {
+        let keys = options.len();
+        let ordering = match padded_by_filter {
+            true => LexOrdering::new(ordering.iter().take(keys).cloned()).ok_or("an empty ordering")?,
+            false => ordering.clone(),
+        };
+        partitions_in_order(&actual, &ordering).map_err(|e| format!("sort options {options:?}: {e}"))?;
+    }
+    let (expected, actual) = (sorted_rows(&expected.concat()), sorted_rows(&actual.concat()));
+    if expected != actual {
+        return Err(format!("sort options {options:?}: {} rows expected, {} returned", expected.len(), actual.len()));
+    }
+    Ok(replaced)
+}
+
+/// Sort-merge joins whose order the plan relies on: the GPU join leaves
+/// every partition in the same order as DataFusion's, with the same rows,
+/// for ascending and descending keys, NULLs first and last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_gpu_join_matches_sort_merge_join_on_random_inputs() {
+    let cases: u64 = std::env::var("GPU_JOIN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
+    let first_seed: u64 = std::env::var("GPU_JOIN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    });
+    println!("ordered fuzz: {cases} cases from seed {first_seed}");
+    let mut covered = std::collections::HashSet::new();
+    for seed in first_seed..first_seed + cases {
+        let case = random_case(seed);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+        match run_ordered_case(&case, &mut rng).await {
+            Err(failure) => panic!("ordered fuzz case failed: {case:?}\n{failure}"),
+            Ok(replaced) => {
+                if sorts_on_device(case.key_kind) && case.key_kind != KeyKind::HashedInt64 {
+                    assert!(replaced || case.join_type == JoinType::Full, "{case:?}: not replaced");
+                }
+                if replaced {
+                    covered.insert(format!("{:?}", case.join_type));
+                }
+            }
+        }
+    }
+    if cases >= 300 {
+        assert!(covered.len() >= 8, "join types replaced in order: {covered:?}");
     }
 }

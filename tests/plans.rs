@@ -312,3 +312,55 @@ async fn probe_order_is_kept_across_chunks() {
         assert!(total_rows(&batches) > 0, "{join_type:?}");
     }
 }
+
+/// A sort-merge join whose order the query relies on (its ORDER BY is
+/// satisfied by the join, the sort above it removed) is replaced by a GPU
+/// join that sorts on the device: the sorts below it go, the plan keeps no
+/// sort above it, and every row leaves in the order DataFusion's gives,
+/// including the mirror image of a Right join and rows padded with NULLs.
+#[tokio::test]
+async fn sort_merge_join_order_is_kept_without_its_sorts() {
+    let config = SessionConfig::new().with_target_partitions(3).with_batch_size(7);
+    let ctx = context_with_tables(config.clone()).await;
+    let reference = crate::common::datafusion_context(config);
+    for context in [&ctx, &reference] {
+        for sql in [
+            "SET datafusion.optimizer.prefer_hash_join = false",
+            "SET datafusion.optimizer.join_reordering = false",
+            "CREATE TABLE a (k BIGINT, x BIGINT) AS SELECT CASE WHEN i % 13 = 0 THEN NULL ELSE i % 97 END, i \
+             FROM generate_series(1, 3000) t(i)",
+            "CREATE TABLE b (k BIGINT, y BIGINT) AS SELECT CASE WHEN i % 17 = 0 THEN NULL ELSE (i * 7) % 131 END, i \
+             FROM generate_series(1, 2000) t(i)",
+        ] {
+            run(context, sql).await;
+        }
+    }
+    for (sql, join_type) in [
+        ("SELECT a.k, a.x, b.y FROM a JOIN b ON a.k = b.k ORDER BY a.k NULLS FIRST", "Inner"),
+        ("SELECT a.k, a.x, b.y FROM a LEFT JOIN b ON a.k = b.k ORDER BY a.k NULLS FIRST", "Left"),
+        ("SELECT a.x, b.k, b.y FROM a RIGHT JOIN b ON a.k = b.k ORDER BY b.k NULLS FIRST", "Left"),
+        ("SELECT a.k, a.x FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k) ORDER BY a.k NULLS FIRST", "LeftSemi"),
+        // The query's own sort stays above the join; none below it.
+        ("SELECT a.k, a.x FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k) ORDER BY a.k DESC", "LeftAnti"),
+    ] {
+        let plan = physical_plan_text(&ctx, sql).await;
+        let at = plan.find("GpuJoinExec").unwrap_or_else(|| panic!("{sql}\n{plan}"));
+        let line = plan[at..].lines().next().unwrap_or_default();
+        assert!(
+            line.contains("output_ordering=[") && line.contains(&format!("join_type={join_type}")),
+            "{sql}\n{plan}"
+        );
+        assert!(!plan[at..].contains("SortExec"), "{sql}: a sort is left below the join\n{plan}");
+        assert!(!sql.contains("NULLS FIRST") || !plan.contains("SortExec"), "{sql}: a sort is left in\n{plan}");
+        let keys = |batches: &[RecordBatch], column: &str| -> Vec<Option<i64>> {
+            let index = batches[0].schema().index_of(column).unwrap();
+            batches
+                .iter()
+                .flat_map(|b| b.column(index).as_any().downcast_ref::<Int64Array>().unwrap().iter().collect::<Vec<_>>())
+                .collect()
+        };
+        let (actual, expected) = (run(&ctx, sql).await, run(&reference, sql).await);
+        assert_eq!(keys(&actual, "k"), keys(&expected, "k"), "{sql}: keys out of DataFusion's order");
+        assert_eq!(sorted_rows(&actual), sorted_rows(&expected), "{sql}");
+    }
+}

@@ -1,6 +1,7 @@
+use arrow::compute::SortOptions;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{JoinSide, JoinType, NullEquality};
-use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_expr::{LexOrdering, PhysicalExprRef};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
 use super::choice::PlannedSizes;
@@ -19,6 +20,23 @@ pub enum OutputColumn {
     Probe(usize),
     /// The mark column of a mark join.
     Mark,
+}
+
+/// The order a join's output leaves in when it replaces a sort-merge join
+/// whose order the plan relies on: the build side's key order, pairs of
+/// one build row in probe order. Such a join is sort-merge on the device,
+/// with the build side gathered from its sorted relation, and its probe
+/// side is one chunk per partition.
+#[derive(Debug, Clone)]
+pub struct KeyOrder {
+    /// The SQL order of each key column.
+    pub sort_options: Vec<SortOptions>,
+    /// The ordering the output satisfies, for DataFusion's operator to sort
+    /// by when it joins instead.
+    pub output_ordering: LexOrdering,
+    /// The probe input has an order of its own, which pairs of one build
+    /// row keep.
+    pub probe_ordered: bool,
 }
 
 /// Everything about a join that does not change between executions: the
@@ -45,6 +63,8 @@ pub struct JoinDefinition {
     pub materialization: MaterializationChoice,
     /// The inputs' sizes as planned, for choosing the strategy.
     pub planned: PlannedSizes,
+    /// Set when the output must leave in key order.
+    pub key_order: Option<KeyOrder>,
 }
 
 impl JoinDefinition {
@@ -121,7 +141,7 @@ impl JoinDefinition {
     /// Whether each probe chunk's output depends only on the chunk and the
     /// build side, so that chunks may be joined anywhere, in any pieces.
     pub(crate) fn probe_chunks_join_independently(&self) -> bool {
-        !self.tracks_visited_build_rows() && !self.null_aware
+        !self.tracks_visited_build_rows() && !self.null_aware && self.key_order.is_none()
     }
 
     /// Whether a build side too large for the device may be joined in

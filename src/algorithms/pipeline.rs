@@ -8,7 +8,7 @@ use arrow::array::{Array, ArrayRef};
 use arrow::compute::{concat, concat_batches};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{JoinSide, internal_err};
+use datafusion::common::{JoinSide, exec_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::Time;
@@ -18,7 +18,7 @@ use super::choice::{self, Choice};
 use super::materialize::output_batch;
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
-use super::semantics::{ProbeSummary, build_side_rows, resolve_probe_chunk};
+use super::semantics::{ProbeSummary, build_side_rows, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
@@ -106,6 +106,8 @@ pub struct BuildSide<B: JoinBackend> {
     /// (verification of hashed keys, null-aware joins); empty otherwise.
     keys: Vec<ArrayRef>,
     encoder: KeyEncoder,
+    /// How probe chunks encode their keys to meet the build side's.
+    probe_encoder: KeyEncoder,
     choice: Choice,
     relation: KeyedRelation<B>,
     placements: Vec<Option<ColumnPlacement<B::Column>>>,
@@ -239,9 +241,14 @@ pub fn prepare_build_side<B: JoinBackend>(
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
     let staged_keys = StagedKeys::evaluate(&definition.build_keys, &rows.parts)?;
-    let encoder = match ranges {
-        Some(ranges) => KeyEncoder::for_key_ranges(ranges, definition.null_equality)?,
-        None => KeyEncoder::for_build_side(&staged_keys.pieces, definition.null_equality)?,
+    let ranges = match ranges {
+        Some(ranges) => ranges.clone(),
+        None => KeyRanges::of_pieces(&staged_keys.pieces),
+    };
+    let encoder = match &definition.key_order {
+        Some(order) => KeyEncoder::for_ordered_keys(&ranges, definition.null_equality, &order.sort_options)?
+            .ok_or_else(|| exec_datafusion_err!("GPU join: the build side's keys span too wide a range to sort"))?,
+        None => KeyEncoder::for_key_ranges(&ranges, definition.null_equality)?,
     };
     let keys = match encoder.exactness() == KeyExactness::NeedsVerification || definition.null_aware {
         true => staged_keys.concatenated()?,
@@ -275,6 +282,7 @@ pub fn prepare_build_side<B: JoinBackend>(
         rows,
         whole: OnceLock::new(),
         keys,
+        probe_encoder: encoder.for_probe_side(),
         encoder,
         choice,
         relation,
@@ -340,7 +348,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     let keys = StagedKeys::evaluate(&definition.probe_keys, &chunk.parts)?;
     // Probe order is kept by matching in original probe rows, then
     // ordering the pairs by them.
-    let keep_probe_order = definition.keeps_probe_order(chunk.rows());
+    let keep_probe_order = definition.key_order.is_none() && definition.keeps_probe_order(chunk.rows());
     let space = if keep_probe_order { Space::Original } else { build.choice.strategy.probe_space };
     let key_arrays = match build.encoder.exactness() {
         KeyExactness::NeedsVerification => keys.concatenated()?,
@@ -372,7 +380,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     // Columns first: their transfers run while the keys are encoded.
     let PlacedColumns { placements, to_transform } =
         place_columns(backend, &loaded.chunk.assembled, &definition.probe_output_columns(), space)?;
-    loaded.keys = Some(upload_keys(backend, &build.encoder, &keys)?);
+    loaded.keys = Some(upload_keys(backend, &build.probe_encoder, &keys)?);
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
     backend.finish()?;
@@ -390,13 +398,47 @@ pub fn join_probe_chunk<B: JoinBackend>(
     chunk: LoadedChunk<B>,
     timers: &PhaseTimers,
 ) -> Result<RecordBatch> {
+    join_loaded_chunk(backend, definition, build, chunk, timers, Settle::ProbeChunk)
+}
+
+/// Joins the whole probe side of a partition, loaded as one chunk, with the
+/// build side and returns every output row of the partition, build-side
+/// rows included, in the build side's key order
+/// ([`JoinDefinition::key_order`]).
+pub fn join_in_key_order<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    build: &BuildSide<B>,
+    chunk: LoadedChunk<B>,
+    timers: &PhaseTimers,
+) -> Result<RecordBatch> {
+    join_loaded_chunk(backend, definition, build, chunk, timers, Settle::KeyOrder)
+}
+
+/// Which output rows a joined chunk settles, in which order.
+#[derive(Clone, Copy)]
+enum Settle {
+    /// The chunk's own rows; build-side rows come once every chunk is in.
+    ProbeChunk,
+    /// Every row of the partition, in the build side's key order.
+    KeyOrder,
+}
+
+fn join_loaded_chunk<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    build: &BuildSide<B>,
+    chunk: LoadedChunk<B>,
+    timers: &PhaseTimers,
+    settle: Settle,
+) -> Result<RecordBatch> {
     let output = match (&build.relation, &chunk.keys) {
         (_, None) => Ok(RecordBatch::new_empty(definition.output_schema.clone())),
         (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
-            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers)
+            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, settle)
         }
         (KeyedRelation::U64(relation), Some(KeyedVector::U64(keys))) => {
-            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers)
+            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, settle)
         }
         _ => internal_err!("probe keys were loaded in another width than the build keys"),
     };
@@ -404,6 +446,7 @@ pub fn join_probe_chunk<B: JoinBackend>(
     output
 }
 
+#[allow(clippy::too_many_arguments)]
 fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     definition: &JoinDefinition,
@@ -412,6 +455,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     chunk: &LoadedChunk<B>,
     keys: &B::Vector<K>,
     timers: &PhaseTimers,
+    settle: Settle,
 ) -> Result<RecordBatch> {
     let timer = timers.transform.timer();
     let payloads: Vec<&B::Column> = chunk.to_transform.iter().collect();
@@ -434,14 +478,19 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     check_candidates(backend.len(&candidates.probe) as u64)?;
     let matches =
         residual::apply(backend, definition, build.encoder.exactness(), &build_view, &probe_view, candidates)?;
-    let rows = resolve_probe_chunk(
-        backend,
-        definition,
-        matches,
-        probe_relation.rows,
-        build.visited.as_ref(),
-        chunk.keep_probe_order,
-    )?;
+    let rows = match settle {
+        Settle::ProbeChunk => resolve_probe_chunk(
+            backend,
+            definition,
+            matches,
+            probe_relation.rows,
+            build.visited.as_ref(),
+            chunk.keep_probe_order,
+        )?,
+        Settle::KeyOrder => {
+            resolve_in_key_order(backend, definition, &build_view, matches, build.visited.as_ref(), build.rows())?
+        }
+    };
     timer.done();
 
     let _timer = timers.materialize.timer();

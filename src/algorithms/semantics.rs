@@ -5,7 +5,7 @@
 //! Left and Full joins, LeftSemi, LeftAnti, LeftMark) come from a flag per
 //! build row, emitted once the whole probe side has been seen.
 
-use datafusion::common::JoinType;
+use datafusion::common::{JoinType, internal_err};
 use datafusion::error::Result;
 
 use super::JoinDefinition;
@@ -114,6 +114,67 @@ fn in_probe_order<B: JoinBackend>(backend: &B, rows: OutputRows<B>) -> Result<Ou
         }
         _ => Ok(rows),
     }
+}
+
+/// Every output row of a partition whose probe side was joined as one chunk,
+/// in the build side's key order (see [`super::KeyOrder`]); marks visited
+/// build rows. Build positions are positions in the sorted build relation,
+/// so ordering rows by them orders them by key.
+pub(crate) fn resolve_in_key_order<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    build: &SideView<'_, B>,
+    matches: Candidates<B>,
+    visited: Option<&B::Flags>,
+    build_rows: usize,
+) -> Result<OutputRows<B>> {
+    if let Some(visited) = visited {
+        backend.set_flags(visited, &matches.build)?;
+    }
+    let probe_ordered = definition.key_order.as_ref().is_some_and(|order| order.probe_ordered);
+    match (definition.join_type, visited) {
+        (JoinType::Inner, _) => {
+            let (build, probe) = by_build_row(backend, matches.build, matches.probe, probe_ordered)?;
+            Ok(OutputRows::pairs(backend, build, probe))
+        }
+        (JoinType::Left, Some(visited)) => {
+            let unmatched = backend.flagged(visited, false)?;
+            let padding = backend.null_positions(backend.len(&unmatched))?;
+            let (build, probe) = by_build_row(
+                backend,
+                backend.concat(&matches.build, &unmatched)?,
+                backend.concat(&matches.probe, &padding)?,
+                probe_ordered,
+            )?;
+            let len = backend.len(&build);
+            Ok(OutputRows {
+                build: SideRows::Positions(build, false),
+                probe: SideRows::Positions(probe, true),
+                mark: None,
+                len,
+            })
+        }
+        (JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark, Some(visited)) => {
+            let rows = build_side_rows(backend, definition, build, visited, build_rows, ProbeSummary::default())?;
+            Ok(rows.unwrap_or_else(OutputRows::empty))
+        }
+        (join_type, _) => internal_err!("GPU join: a {join_type} join does not leave in the build side's key order"),
+    }
+}
+
+/// Pairs ordered by build position, those of one build row by probe
+/// position when the probe side's order counts; both sorts are stable.
+fn by_build_row<B: JoinBackend>(
+    backend: &B,
+    build: B::Vector<u32>,
+    probe: B::Vector<u32>,
+    probe_ordered: bool,
+) -> Result<(B::Vector<u32>, B::Vector<u32>)> {
+    let (probe, build) = match probe_ordered {
+        true => backend.sort_pairs(&probe, &build)?,
+        false => (probe, build),
+    };
+    backend.sort_pairs(&build, &probe)
 }
 
 /// Build-side output once the probe side is exhausted, or `None` for join

@@ -26,7 +26,7 @@ use futures::{FutureExt, TryStreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::chosen::ChosenStrategies;
-use super::fallback::hash_join_over;
+use super::fallback::{hash_join_over, in_key_order};
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_by_pass};
 use super::runner::PartitionInputs;
@@ -35,7 +35,7 @@ use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{BuildSide, HostRows, JoinDefinition, evaluate_keys, prepare_build_side};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
-use crate::keys::KeyRanges;
+use crate::keys::{KeyEncoder, KeyRanges};
 
 /// What a build side became once placed.
 pub(crate) enum CollectedBuild<B: JoinBackend> {
@@ -288,7 +288,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
             partition,
         } = input;
         let mut timer = metrics.build_collect_time.timer();
-        if passes == 1 {
+        let sortable = self.keys_sort_on_device(ranges.as_ref())?;
+        if passes == 1 && sortable {
             let (assembler, parts, columns) =
                 (backend.clone(), batches.clone(), self.definition.read_columns(JoinSide::Left));
             let schema = Arc::clone(&schema);
@@ -317,13 +318,23 @@ impl<B: JoinBackend> DeviceJoin<B> {
         .await?;
         timer.done();
         if !self.definition.splits_into_passes() {
-            log::warn!(
-                "gpu_join: a build side of {rows} rows ({bytes} bytes transformed) is larger than the device \
-                 budget allows, and a {} join {} cannot be split into passes: DataFusion's operator joins it",
-                self.definition.join_type,
-                if self.definition.probe_order_required { "in probe order" } else { "of this type" },
-            );
-            let join = hash_join_over(&self.twin, &batch, right, mode, partition)?;
+            match sortable {
+                true => log::warn!(
+                    "gpu_join: a build side of {rows} rows ({bytes} bytes transformed) is larger than the device \
+                     budget allows, and a {} join {} cannot be split into passes: DataFusion's operator joins it",
+                    self.definition.join_type,
+                    match (self.definition.probe_order_required, &self.definition.key_order) {
+                        (true, _) => "in probe order",
+                        (_, Some(_)) => "in key order",
+                        _ => "of this type",
+                    },
+                ),
+                false => log::warn!(
+                    "gpu_join: the build side's keys span too wide a range to sort into the order the plan \
+                     relies on: DataFusion's operator joins it, sorted"
+                ),
+            }
+            let join = in_key_order(&self.definition, hash_join_over(&self.twin, &batch, right, mode, partition)?);
             return Ok(Arc::new(CollectedBuild::OnCpu { join, _reservation: reservation }));
         }
         metrics.build_passes.add(passes);
@@ -331,6 +342,17 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let pieces =
             run_blocking("splitting the build side into passes", move || split_by_pass(&batch, &keys, passes)).await?;
         Ok(Arc::new(CollectedBuild::Passes { passes: Arc::new(BuildPasses::new(pieces)), _reservation: reservation }))
+    }
+
+    /// Whether the build side's keys, of these spans, sort on the device
+    /// into the order the output must leave in; true where none is needed.
+    fn keys_sort_on_device(&self, ranges: Option<&KeyRanges>) -> Result<bool> {
+        match (&self.definition.key_order, ranges) {
+            (Some(order), Some(ranges)) => {
+                Ok(KeyEncoder::for_ordered_keys(ranges, self.definition.null_equality, &order.sort_options)?.is_some())
+            }
+            _ => Ok(true),
+        }
     }
 
     /// Prepares a build side (or one pass of it) under the device's

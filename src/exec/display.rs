@@ -46,6 +46,9 @@ impl DisplayAs for GpuJoinExec {
                 if self.preserves_probe_order() {
                     write!(f, ", probe_order=kept")?;
                 }
+                if let Some(ordering) = self.key_ordering() {
+                    write!(f, ", output_ordering=[{ordering}]")?;
+                }
                 if let Some(reasons) = &reasons {
                     write!(f, ", chosen=[{reasons}]")?;
                 }

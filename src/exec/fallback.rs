@@ -9,6 +9,8 @@
 //!
 //! A build side too large for the device, of a join that cannot be split
 //! into passes, is joined by the same operator for the whole probe side.
+//! Where the GPU join's output leaves in key order, DataFusion's output is
+//! sorted into it.
 
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect};
 
 use crate::algorithms::JoinDefinition;
@@ -42,6 +45,32 @@ pub(super) async fn join_chunk_on_cpu(
     log::warn!("gpu_join: joining {} probe rows on DataFusion's operator: {error}", chunk.num_rows());
     let right = MemorySourceConfig::try_new_exec(&[vec![chunk]], twin.right().schema(), None)?;
     collect(hash_join_over(twin, build, right, PartitionMode::CollectLeft, 0)?, context).await
+}
+
+/// Every output row of a partition that the device could not join whole
+/// (a join whose output leaves in key order): DataFusion's hash join of
+/// both sides' host copies, sorted.
+pub(super) async fn join_partition_on_cpu(
+    twin: &HashJoinExec,
+    definition: &JoinDefinition,
+    build: &RecordBatch,
+    probe: RecordBatch,
+    context: Arc<TaskContext>,
+    error: DataFusionError,
+) -> Result<Vec<RecordBatch>> {
+    log::warn!("gpu_join: joining a partition of {} probe rows on DataFusion's operator: {error}", probe.num_rows());
+    let right = MemorySourceConfig::try_new_exec(&[vec![probe]], twin.right().schema(), None)?;
+    let join = hash_join_over(twin, build, right, PartitionMode::CollectLeft, 0)?;
+    collect(in_key_order(definition, join), context).await
+}
+
+/// DataFusion's plan `join` made to leave in the GPU join's key order, if
+/// it has one: sorted, partition by partition.
+pub(super) fn in_key_order(definition: &JoinDefinition, join: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    match &definition.key_order {
+        Some(order) => Arc::new(SortExec::new(order.output_ordering.clone(), join).with_preserve_partitioning(true)),
+        None => join,
+    }
 }
 
 /// DataFusion's hash join of the build side's host copy with `right`. In

@@ -10,6 +10,7 @@ mod build;
 mod chosen;
 mod display;
 mod fallback;
+mod key_order;
 mod metrics;
 mod passes;
 mod runner;
@@ -33,10 +34,12 @@ use datafusion::physical_plan::{
     Statistics, apply_expression_roots,
 };
 
-use crate::algorithms::JoinDefinition;
 use crate::algorithms::choice::{self, planned_sizes};
+use crate::algorithms::{JoinDefinition, KeyOrder};
 use crate::backend::BackendHandle;
 use crate::config::GpuJoinConfig;
+use key_order::OrderedOutput;
+pub(crate) use key_order::SortMergeOrder;
 use metrics::GpuJoinMetrics;
 use runner::{JoinRunner, PartitionInputs, runner_for};
 
@@ -66,10 +69,18 @@ pub struct GpuJoinExec {
     runner: Arc<dyn JoinRunner>,
     metrics: ExecutionPlanMetricsSet,
     chosen: Arc<chosen::ChosenStrategies>,
+    /// Set when the output leaves in a replaced sort-merge join's order.
+    ordered: Option<OrderedOutput>,
 }
 
 fn probe_keys(twin: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
     twin.on().iter().map(|(_, r)| Arc::clone(r)).collect()
+}
+
+/// Whether matches must leave in probe row order: the hash join's promise
+/// for an ordered probe input, unless the output leaves in key order.
+fn probe_order_required(twin: &HashJoinExec, key_order: Option<&KeyOrder>) -> bool {
+    key_order.is_none() && ExecutionPlan::maintains_input_order(twin)[1] && twin.right().output_ordering().is_some()
 }
 
 impl GpuJoinExec {
@@ -80,11 +91,35 @@ impl GpuJoinExec {
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
     ) -> Result<Self> {
+        Self::try_new_ordered(join, backend, options, replaces, None)
+    }
+
+    /// A GPU join computing what `join` computes, in the order of the
+    /// sort-merge join it replaces when `order` is given.
+    pub(crate) fn try_new_ordered(
+        join: &HashJoinExec,
+        backend: BackendHandle,
+        options: &GpuJoinConfig,
+        replaces: ReplacedOperator,
+        order: Option<SortMergeOrder>,
+    ) -> Result<Self> {
         if *join.partition_mode() == PartitionMode::Auto {
             return internal_err!("GpuJoinExec needs a join whose partition mode is decided");
         }
         let twin = Arc::new(join.builder().reset_state().build()?);
-        let definition = Arc::new(Self::definition(&twin, options)?);
+        let ordered = order.map(|order| order.output(&twin)).transpose()?;
+        let key_order = ordered.as_ref().map(|o| o.key_order.clone());
+        let definition = Arc::new(Self::definition(&twin, options, key_order)?);
+        Ok(Self::assemble(twin, definition, backend, replaces, ordered))
+    }
+
+    fn assemble(
+        twin: Arc<HashJoinExec>,
+        definition: Arc<JoinDefinition>,
+        backend: BackendHandle,
+        replaces: ReplacedOperator,
+        ordered: Option<OrderedOutput>,
+    ) -> Self {
         let chosen = Arc::default();
         let runner = runner_for(
             &backend,
@@ -93,10 +128,10 @@ impl GpuJoinExec {
             twin.right().output_partitioning().partition_count(),
             Arc::clone(&chosen),
         );
-        Ok(Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new(), chosen })
+        Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new(), chosen, ordered }
     }
 
-    fn definition(twin: &HashJoinExec, options: &GpuJoinConfig) -> Result<JoinDefinition> {
+    fn definition(twin: &HashJoinExec, options: &GpuJoinConfig, key_order: Option<KeyOrder>) -> Result<JoinDefinition> {
         let (_, column_indices) = build_join_schema(&twin.left().schema(), &twin.right().schema(), twin.join_type());
         let column_indices = match &twin.projection {
             Some(projection) => projection.iter().map(|&i| column_indices[i].clone()).collect(),
@@ -111,41 +146,27 @@ impl GpuJoinExec {
             filter: twin.filter().cloned(),
             output_schema: twin.schema(),
             output_columns: JoinDefinition::output_columns_from(&column_indices),
-            probe_order_required: ExecutionPlan::maintains_input_order(twin)[1]
-                && twin.right().output_ordering().is_some(),
+            probe_order_required: probe_order_required(twin, key_order.as_ref()),
             keep_probe_order: options.keep_probe_order,
             algorithm: options.algorithm,
             materialization: options.materialization,
             planned: planned_sizes(twin.left(), twin.right(), &probe_keys(twin)),
+            key_order,
         })
     }
 
-    fn with_twin(&self, twin: HashJoinExec) -> Self {
+    fn with_twin(&self, twin: HashJoinExec) -> Result<Self> {
         let twin = Arc::new(twin);
+        let ordered = self.ordered.as_ref().map(|o| o.order.clone().output(&twin)).transpose()?;
+        let key_order = ordered.as_ref().map(|o| o.key_order.clone());
         let definition = Arc::new(JoinDefinition {
             output_schema: twin.schema(),
-            probe_order_required: ExecutionPlan::maintains_input_order(twin.as_ref())[1]
-                && twin.right().output_ordering().is_some(),
+            probe_order_required: probe_order_required(&twin, key_order.as_ref()),
             planned: planned_sizes(twin.left(), twin.right(), &probe_keys(&twin)),
+            key_order,
             ..self.definition.as_ref().clone()
         });
-        let chosen = Arc::default();
-        let runner = runner_for(
-            &self.backend,
-            Arc::clone(&definition),
-            Arc::clone(&twin),
-            twin.right().output_partitioning().partition_count(),
-            Arc::clone(&chosen),
-        );
-        Self {
-            twin,
-            definition,
-            backend: self.backend.clone(),
-            replaces: self.replaces,
-            runner,
-            metrics: ExecutionPlanMetricsSet::new(),
-            chosen,
-        }
+        Ok(Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered))
     }
 
     pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
@@ -206,6 +227,12 @@ impl GpuJoinExec {
     pub fn preserves_probe_order(&self) -> bool {
         self.definition.probe_order_required
     }
+
+    /// The order the output leaves in when it keeps a replaced sort-merge
+    /// join's order.
+    pub fn key_ordering(&self) -> Option<&datafusion::physical_expr::LexOrdering> {
+        self.definition.key_order.as_ref().map(|order| &order.output_ordering)
+    }
 }
 
 impl ExecutionPlan for GpuJoinExec {
@@ -214,13 +241,18 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        self.twin.properties()
+        match &self.ordered {
+            Some(ordered) => &ordered.properties,
+            None => self.twin.properties(),
+        }
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
         self.twin.input_distribution_requirements()
     }
 
+    /// Probe order where the hash join promised it; an output in key order
+    /// is sorted on the device and keeps no input's order.
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![false, self.definition.probe_order_required]
     }
@@ -248,7 +280,7 @@ impl ExecutionPlan for GpuJoinExec {
             ChildrenPropertiesMode::Keep => builder,
             ChildrenPropertiesMode::Recompute => builder.recompute_properties(),
         };
-        Ok(Arc::new(self.with_twin(builder.with_new_children(children)?.build()?)))
+        Ok(Arc::new(self.with_twin(builder.with_new_children(children)?.build()?)?))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -256,7 +288,7 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(self.with_twin(self.twin.builder().reset_state().build()?)))
+        Ok(Arc::new(self.with_twin(self.twin.builder().reset_state().build()?)?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -308,6 +340,6 @@ impl ExecutionPlan for GpuJoinExec {
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
         let twin = self.twin.builder().with_fetch(limit).build().ok()?;
-        Some(Arc::new(self.with_twin(twin)))
+        Some(Arc::new(self.with_twin(twin).ok()?))
     }
 }

@@ -34,11 +34,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::build::{CollectedBuild, DeviceJoin, PendingBuild, admitted};
-use super::fallback::join_chunk_on_cpu;
+use super::fallback::{join_chunk_on_cpu, join_partition_on_cpu};
 use super::passes::{BuildPasses, split_by_pass};
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
-use crate::algorithms::{BuildSide, HostRows, LoadedChunk, finish_build_side, join_probe_chunk, load_probe_chunk};
+use crate::algorithms::{
+    BuildSide, HostRows, LoadedChunk, finish_build_side, join_in_key_order, join_probe_chunk, load_probe_chunk,
+};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
@@ -258,6 +260,11 @@ async fn join_partition<B: JoinBackend>(
         }
     } else {
         match pending.placed().await?.as_ref() {
+            CollectedBuild::Whole { side, .. } if join.definition.key_order.is_some() => {
+                // Build-side rows included: nothing is left to finish.
+                let partition = partition(BuildSource::Whole(Arc::clone(side)));
+                return join_partition_in_key_order(&partition, side, &mut output).await;
+            }
             CollectedBuild::Whole { side, .. } => {
                 let partition = partition(BuildSource::Whole(Arc::clone(side)));
                 join_probe_side(&partition, &mut probe_input(inputs)?, &mut output).await?.joined()?
@@ -604,6 +611,91 @@ async fn join_loaded<B: JoinBackend>(
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build, loaded, &timers))
         .await
+}
+
+/// Joins the whole probe side of a partition as one chunk and sends every
+/// output row of the partition in key order (see
+/// [`crate::algorithms::KeyOrder`]). A partition that runs out of device
+/// memory, even alone on the device, is joined by DataFusion's operator
+/// and sorted.
+async fn join_partition_in_key_order<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    build: &Arc<BuildSide<B>>,
+    output: &mut OutputSender<'_>,
+) -> Result<()> {
+    let inputs = partition.inputs;
+    let reservation =
+        MemoryConsumer::new(format!("GpuJoinProbe[{}]", inputs.partition)).register(inputs.context.memory_pool());
+    let mut staging = ProbeStaging::new(inputs.right.schema(), usize::MAX);
+    let mut probe = probe_input(inputs)?;
+    while let Some(batch) = probe.next().await {
+        let batch = batch?;
+        reservation.try_grow(held_bytes(&batch))?;
+        if !staging.push(batch).is_empty() {
+            return internal_err!("GPU join: a probe side of more than {} rows", usize::MAX);
+        }
+    }
+    let chunk = match staging.finish() {
+        Some(staged) => assemble_chunk(partition, &partition.build_backend, staged).await?,
+        None => HostRows::whole(RecordBatch::new_empty(inputs.right.schema())),
+    };
+    let backend = partition.open_backend()?;
+    let permit = partition.admitted().await?;
+    let error = match join_whole(partition, &backend, build, chunk.clone()).await? {
+        Ok(batch) => {
+            output.send(batch).await;
+            return Ok(());
+        }
+        Err(error) => error,
+    };
+    drop(permit);
+    log::info!("gpu_join: joining a probe side of {} rows again, alone on the device: {error}", chunk.rows());
+    let permit = admitted(&inputs.metrics, partition.join.admission().exclusive()).await?;
+    let error = match join_whole(partition, &backend, build, chunk.clone()).await? {
+        Ok(batch) => {
+            output.send(batch).await;
+            return Ok(());
+        }
+        Err(error) => error,
+    };
+    drop(permit);
+    let (build, context) = (Arc::clone(build), Arc::clone(&inputs.context));
+    let (build, probe) = run_blocking("assembling both sides for DataFusion's operator", move || {
+        Ok((build.whole_batch()?, chunk.whole_batch()?))
+    })
+    .await?;
+    let join = partition.join;
+    let batches = join_partition_on_cpu(&join.twin, &join.definition, &build, probe, context, error).await?;
+    output.send_all(batches).await;
+    Ok(())
+}
+
+/// The output of a whole probe side in key order, or the error of a device
+/// that ran out of memory.
+async fn join_whole<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    build: &Arc<BuildSide<B>>,
+    chunk: HostRows,
+) -> Result<std::result::Result<RecordBatch, DataFusionError>> {
+    let loaded = match load_chunk(partition, backend, build, chunk).await? {
+        Chunk::Loaded(loaded) => loaded,
+        Chunk::NotLoaded(_, error) => return Ok(Err(error)),
+    };
+    let inputs = partition.inputs;
+    let (backend, definition, timers) =
+        (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
+    let build = Arc::clone(build);
+    let _compute = inputs.metrics.baseline.elapsed_compute().timer();
+    match run_blocking("joining a probe side in key order", move || {
+        join_in_key_order(&backend, &definition, &build, loaded, &timers)
+    })
+    .await
+    {
+        Ok(batch) => Ok(Ok(batch)),
+        Err(e) if is_out_of_memory(&e) => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Sends output in `batch_size` slices and stops at the join's `fetch`.

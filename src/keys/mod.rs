@@ -20,7 +20,8 @@ mod packed;
 use std::hash::Hash;
 
 use arrow::array::{Array, ArrayRef};
-use arrow::datatypes::DataType;
+use arrow::compute::SortOptions;
+use arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::{NullEquality, internal_err};
 use datafusion::error::Result;
@@ -95,11 +96,15 @@ pub enum KeyExactness {
 }
 
 /// How the key columns of one join become normalised keys. Built from the
-/// build side once and applied to every probe chunk, so both sides agree.
+/// build side once and applied to every probe chunk (as
+/// [`KeyEncoder::for_probe_side`]), so both sides agree.
 #[derive(Debug, Clone)]
 pub struct KeyEncoder {
     scheme: Scheme,
     null_equality: NullEquality,
+    /// NULLs get their layout's code rather than the unmatchable key:
+    /// under `NullEqualsNull`, and on the build side of ordered keys.
+    code_nulls: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -124,11 +129,35 @@ impl KeyEncoder {
         if ranges.columns() == 0 {
             return internal_err!("a join needs at least one key column");
         }
-        let scheme = match PackedLayout::try_new(ranges, null_equality)? {
+        let scheme = match PackedLayout::try_new(ranges, null_equality, None)? {
             Some(layout) => Scheme::Packed(layout),
             None => Scheme::Hashed,
         };
-        Ok(Self { scheme, null_equality })
+        Ok(Self { scheme, null_equality, code_nulls: null_equality == NullEquality::NullEqualsNull })
+    }
+
+    /// The encoder for a build side whose sorted keys must be in the SQL
+    /// order `order` (one per key column), NULLs included; `None` when
+    /// the keys cannot be packed (hashes keep no order).
+    pub fn for_ordered_keys(
+        ranges: &KeyRanges,
+        null_equality: NullEquality,
+        order: &[SortOptions],
+    ) -> Result<Option<Self>> {
+        if ranges.columns() == 0 {
+            return internal_err!("a join needs at least one key column");
+        }
+        Ok(PackedLayout::try_new(ranges, null_equality, Some(order))?.map(|layout| Self {
+            scheme: Scheme::Packed(layout),
+            null_equality,
+            code_nulls: true,
+        }))
+    }
+
+    /// This encoder as the probe side uses it: there a NULL key matches
+    /// only under `NullEqualsNull`.
+    pub fn for_probe_side(&self) -> Self {
+        Self { code_nulls: self.null_equality == NullEquality::NullEqualsNull, ..self.clone() }
     }
 
     pub fn exactness(&self) -> KeyExactness {
@@ -188,7 +217,7 @@ impl KeyEncoder {
         }
         let piece: Vec<ArrayRef> = keys.iter().map(|k| k.slice(first, out.len())).collect();
         match &self.scheme {
-            Scheme::Packed(layout) => layout.encode_rows(&piece, out, self.null_equality),
+            Scheme::Packed(layout) => layout.encode_rows(&piece, out, self.code_nulls),
             Scheme::Hashed => {
                 let mut hashes = vec![0u64; out.len()];
                 self.hash_piece(&piece, &mut hashes)?;
@@ -239,6 +268,32 @@ pub fn verify_candidates(
         *k = *k && comparator.is_equal(*b as usize, *p as usize);
     }
     Ok(())
+}
+
+/// Key types whose values pack (when their range allows), and so can be
+/// sorted into SQL order on the device.
+pub fn is_packable_key_type(data_type: &DataType) -> bool {
+    use DataType::*;
+    match data_type {
+        Boolean
+        | Int8
+        | Int16
+        | Int32
+        | Int64
+        | UInt8
+        | UInt16
+        | UInt32
+        | UInt64
+        | Date32
+        | Date64
+        | Decimal32(_, _)
+        | Decimal64(_, _)
+        | Decimal128(_, _) => true,
+        Time32(unit) => matches!(unit, TimeUnit::Second | TimeUnit::Millisecond),
+        Time64(unit) => matches!(unit, TimeUnit::Microsecond | TimeUnit::Nanosecond),
+        Timestamp(_, _) | Duration(_) => true,
+        _ => false,
+    }
 }
 
 /// Key types the GPU join accepts. Integer-like types may be packed; the rest

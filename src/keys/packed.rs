@@ -4,8 +4,17 @@
 //! `NullEqualsNull`) in just enough bits for the build side's range; columns
 //! are concatenated most significant first, so packed keys also sort in the
 //! lexicographic order of the original key columns.
+//!
+//! A join whose output must leave in key order (one that replaces a
+//! sort-merge join) asks for a column order: descending columns count down
+//! from the maximum, and NULL gets the first or the last code, so that the
+//! sorted keys are in SQL order. The build side's NULLs then get that code
+//! even under `NullEqualsNothing`, while the probe side's stay unmatchable:
+//! no probe key has a NULL's code, so such rows sort in place and never
+//! match.
 
 use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use arrow::compute::SortOptions;
 use arrow::compute::{max, min};
 use arrow::datatypes::*;
 use datafusion::common::{NullEquality, internal_err};
@@ -29,9 +38,19 @@ pub(super) struct PackedLayout {
 struct PackedColumn {
     /// Build-side value range, `None` when the build side has no non-null value.
     range: Option<(i128, i128)>,
-    /// Code 0 is NULL (only under `NullEqualsNull`).
-    null_slot: bool,
+    /// Where NULL's code lies, when it has one: under `NullEqualsNull`, or
+    /// when the keys must sort in SQL order.
+    null_code: Option<NullCode>,
+    /// Codes count down from the largest value.
+    descending: bool,
     bits: u32,
+}
+
+/// The code of NULL in a column: before every value's, or after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NullCode {
+    First,
+    Last,
 }
 
 trait ToI128: Copy {
@@ -205,7 +224,7 @@ impl KeyRanges {
     }
 
     /// The spans of key columns given in pieces, over slices in parallel.
-    pub(super) fn of_pieces(pieces: &[Vec<ArrayRef>]) -> Self {
+    pub fn of_pieces(pieces: &[Vec<ArrayRef>]) -> Self {
         let columns = pieces.first().map_or(0, Vec::len);
         Self(
             (0..columns)
@@ -247,25 +266,39 @@ fn bits_for(count: u128) -> u32 {
 impl PackedLayout {
     /// A layout for the build side's key columns of these spans, or `None`
     /// when a column is not integer-like or the ranges do not fit in 63 bits.
-    pub(super) fn try_new(spans: &KeyRanges, null_equality: NullEquality) -> Result<Option<Self>> {
-        let null_slot = null_equality == NullEquality::NullEqualsNull;
+    /// With `order`, one per column, keys sort in that SQL order.
+    pub(super) fn try_new(
+        spans: &KeyRanges,
+        null_equality: NullEquality,
+        order: Option<&[SortOptions]>,
+    ) -> Result<Option<Self>> {
+        if order.is_some_and(|order| order.len() != spans.columns()) {
+            return internal_err!("a key order for {} of {} key columns", order.map_or(0, <[_]>::len), spans.columns());
+        }
         let mut columns = Vec::with_capacity(spans.columns());
-        for span in &spans.0 {
+        for (c, span) in spans.0.iter().enumerate() {
             let Some(range) = *span else {
                 return Ok(None);
             };
+            let options = order.and_then(|order| order.get(c));
+            let null_code = match options {
+                Some(options) if !options.nulls_first => Some(NullCode::Last),
+                Some(_) => Some(NullCode::First),
+                None => (null_equality == NullEquality::NullEqualsNull).then_some(NullCode::First),
+            };
             let codes = match range {
                 Some((lo, hi)) => match hi.checked_sub(lo) {
-                    Some(span) => span as u128 + 1 + u128::from(null_slot),
+                    Some(span) => span as u128 + 1 + u128::from(null_code.is_some()),
                     None => return Ok(None),
                 },
-                None => u128::from(null_slot),
+                None => u128::from(null_code.is_some()),
             };
             let bits = bits_for(codes);
             if bits > MAX_PACKED_BITS {
                 return Ok(None);
             }
-            columns.push(PackedColumn { range, null_slot, bits });
+            let descending = options.is_some_and(|o| o.descending);
+            columns.push(PackedColumn { range, null_code, descending, bits });
         }
         let total_bits: u32 = columns.iter().map(|c| c.bits).sum();
         Ok((total_bits <= MAX_PACKED_BITS).then_some(Self { columns, total_bits }))
@@ -280,14 +313,14 @@ impl PackedLayout {
     }
 
     /// Packs the key columns into `out`, one key per row for as many rows
-    /// as `out` holds; rows that cannot match get the unmatchable key.
+    /// as `out` holds; rows that cannot match get the unmatchable key, and
+    /// so do NULLs unless `code_nulls` (and the layout has a code for them).
     pub(super) fn encode_rows<K: NormalizedKey>(
         &self,
         keys: &[ArrayRef],
         out: &mut [K],
-        null_equality: NullEquality,
+        code_nulls: bool,
     ) -> Result<()> {
-        debug_assert_eq!(null_equality == NullEquality::NullEqualsNull, self.columns.iter().all(|c| c.null_slot));
         if let ([column], [key]) = (self.columns.as_slice(), keys)
             && key.null_count() == 0
             && !matches!(key.data_type(), DataType::Boolean | DataType::Decimal128(..))
@@ -298,11 +331,11 @@ impl PackedLayout {
         for (column, key) in self.columns.iter().zip(keys) {
             if key.data_type() == &DataType::Boolean {
                 let typed = key.as_boolean();
-                column.append(&mut codes, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
+                column.append(&mut codes, code_nulls, |row| typed.is_valid(row).then(|| i128::from(typed.value(row))));
             } else {
                 with_integer_array!(
                     key.as_ref(),
-                    typed => column.append(&mut codes, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
+                    typed => column.append(&mut codes, code_nulls, |row| typed.is_valid(row).then(|| typed.value(row).to_i128())),
                     other => return internal_err!("packed key layout got a {} column", key.data_type())
                 );
             }
@@ -315,21 +348,40 @@ impl PackedLayout {
 }
 
 impl PackedColumn {
+    /// How far value codes sit above 0: one when NULL's code comes first.
+    fn shift(&self) -> u64 {
+        u64::from(self.null_code == Some(NullCode::First))
+    }
+
+    /// NULL's code, when it has one.
+    fn null(&self) -> Option<u64> {
+        match (self.null_code?, self.range) {
+            (NullCode::First, _) | (NullCode::Last, None) => Some(0),
+            (NullCode::Last, Some((lo, hi))) => Some((hi - lo) as u64 + 1),
+        }
+    }
+
     /// The whole key is this one integer column (not 128-bit) and holds no
-    /// NULL: `value - min` in wrapping 64-bit arithmetic, where values
-    /// outside the build range land above the span (the span is below
-    /// 2^63), in a loop the compiler vectorises.
+    /// NULL: the distance from the minimum (from the maximum, descending)
+    /// in wrapping 64-bit arithmetic, where values outside the build range
+    /// land above the span (the span is below 2^63), in a loop the compiler
+    /// vectorises.
     fn encode_single<K: NormalizedKey>(&self, key: &dyn Array, out: &mut [K]) -> Result<()> {
         let Some((lo, hi)) = self.range else {
             out.fill(K::UNMATCHABLE);
             return Ok(());
         };
-        let (lo, span, shift) = (lo as i64, (hi - lo) as u64, u64::from(self.null_slot));
+        let (lo, hi, span, shift) = (lo as i64, hi as i64, (hi - lo) as u64, self.shift());
+        let descending = self.descending;
         with_integer_array!(
             key,
             typed => {
                 for (code, value) in out.iter_mut().zip(typed.values().iter()) {
-                    let offset = (value.to_i128() as i64).wrapping_sub(lo) as u64;
+                    let value = value.to_i128() as i64;
+                    let offset = match descending {
+                        false => value.wrapping_sub(lo) as u64,
+                        true => hi.wrapping_sub(value) as u64,
+                    };
                     *code = if offset <= span { K::from_u64(offset + shift) } else { K::UNMATCHABLE };
                 }
                 Ok(())
@@ -340,15 +392,17 @@ impl PackedColumn {
 
     /// Shifts this column's code into every row's key; rows that cannot
     /// match become `u64::MAX` and stay so.
-    fn append(&self, codes: &mut [u64], value: impl Fn(usize) -> Option<i128>) {
+    fn append(&self, codes: &mut [u64], code_nulls: bool, value: impl Fn(usize) -> Option<i128>) {
+        let null = self.null().filter(|_| code_nulls);
         for (row, code) in codes.iter_mut().enumerate() {
             if *code == u64::MAX {
                 continue;
             }
             let column_code = match (value(row), self.range) {
-                (None, _) if self.null_slot => Some(0),
+                (None, _) => null,
                 (Some(v), Some((lo, hi))) if (lo..=hi).contains(&v) => {
-                    Some((v - lo) as u64 + u64::from(self.null_slot))
+                    let offset = if self.descending { hi - v } else { v - lo };
+                    Some(offset as u64 + self.shift())
                 }
                 _ => None,
             };

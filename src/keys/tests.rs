@@ -158,3 +158,37 @@ fn a_string_key_hashes_even_when_its_pieces_are_empty() {
     let encoder = KeyEncoder::for_build_side(&[piece.clone(), piece], NullEquality::NullEqualsNothing).unwrap();
     assert_eq!(encoder.exactness(), KeyExactness::NeedsVerification);
 }
+
+/// Ordered keys sort in SQL order, NULLs first or last, columns ascending
+/// or descending; the build side's NULLs sort in place but never match.
+#[test]
+fn ordered_keys_sort_in_sql_order_and_build_nulls_never_match() {
+    use arrow::compute::{SortColumn, SortOptions, lexsort_to_indices};
+    let first: ArrayRef = Arc::new(Int32Array::from(vec![Some(3), None, Some(-2), Some(3), None, Some(7)]));
+    let second: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(5), None, Some(-4), None, Some(1)]));
+    let build = vec![first, second];
+    for (descending, nulls_first) in [(false, true), (false, false), (true, true), (true, false)] {
+        let order = [SortOptions { descending, nulls_first }, SortOptions { descending: !descending, nulls_first }];
+        let ranges = KeyRanges::of_pieces(std::slice::from_ref(&build));
+        for nulls in [NullEquality::NullEqualsNothing, NullEquality::NullEqualsNull] {
+            let encoder = KeyEncoder::for_ordered_keys(&ranges, nulls, &order).unwrap().unwrap();
+            let NormalizedKeys::U32(codes) = encoder.encode(&build).unwrap() else { panic!("32-bit keys") };
+            let columns: Vec<SortColumn> =
+                build.iter().zip(order).map(|(k, o)| SortColumn { values: Arc::clone(k), options: Some(o) }).collect();
+            let sql_order: Vec<u32> = lexsort_to_indices(&columns, None).unwrap().values().to_vec();
+            let sorted: Vec<u32> = sql_order.iter().map(|&i| codes[i as usize]).collect();
+            assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "{order:?} {nulls:?}: {sorted:?}");
+            assert!(codes.iter().all(|&c| c != u32::MAX), "every build row sorts in place");
+            let NormalizedKeys::U32(probe) = encoder.for_probe_side().encode(&build).unwrap() else {
+                panic!("32-bit keys")
+            };
+            for (row, (&b, &p)) in codes.iter().zip(&probe).enumerate() {
+                let has_null = build.iter().any(|k| k.is_null(row));
+                match (has_null, nulls) {
+                    (true, NullEquality::NullEqualsNothing) => assert_eq!(p, u32::MAX, "row {row}"),
+                    _ => assert_eq!(p, b, "row {row}"),
+                }
+            }
+        }
+    }
+}

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use datafusion::common::plan_err;
+use arrow::datatypes::DataType;
+use datafusion::common::{JoinType, internal_err, plan_err};
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::ExecutionPlan;
@@ -15,8 +16,8 @@ use super::walk::Relied;
 use crate::algorithms::choice::plan_statistics;
 use crate::backend::{BackendHandle, cuda_backend};
 use crate::config::{BackendChoice, GpuJoinConfig};
-use crate::exec::{GpuJoinExec, ReplacedOperator};
-use crate::keys::is_supported_key_type;
+use crate::exec::{GpuJoinExec, ReplacedOperator, SortMergeOrder};
+use crate::keys::{is_packable_key_type, is_supported_key_type};
 
 pub(super) enum Assessment {
     Replace(Arc<GpuJoinExec>),
@@ -76,29 +77,48 @@ impl<'a> RuleContext<'a> {
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
-    /// A sort-merge join is replaced only when nothing above relies on its
-    /// sorted output; the sorts below it then only fed the CPU merge and go.
+    /// A sort-merge join's sorts below it only fed the CPU merge and go.
+    /// Where something above relies on its sorted output, the GPU join
+    /// sorts on the device and leaves in the same order, in the same
+    /// partitions; otherwise it is any GPU join.
     fn assess_sort_merge_join(&mut self, join: &SortMergeJoinExec, relied: Relied) -> Result<Assessment> {
-        if relied.ordering {
-            return Ok(Assessment::Keep(NotOnGpu::OrderingRelied));
+        let ordered = relied.ordering && join.properties().output_ordering().is_some();
+        if ordered && let Some(unsorted) = unsortable_key_type(join)? {
+            return Ok(Assessment::Keep(NotOnGpu::OrderingRelied(unsorted)));
         }
-        let (left, right) = (without_sort(join.left()), without_sort(join.right()));
+        let (left_keys, right_keys): (Vec<_>, Vec<_>) = join.on().iter().cloned().unzip();
+        let (left, left_sort_removed) = without_key_sort(join, join.left(), &left_keys, ordered)?;
+        let (right, right_sort_removed) = without_key_sort(join, join.right(), &right_keys, ordered)?;
         let backend = match self.common_checks(&left, &right, join.on())? {
             Ok(backend) => backend,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
+        let join_type = join.join_type();
+        let swapped = ordered && SortMergeOrder::keeps_right_order(join_type);
+        // A swapped Right join keeps its columns in place by a projection.
+        let projection = (swapped && join_type == JoinType::Right).then(|| (0..join.schema().fields().len()).collect());
         let twin = HashJoinExec::try_new(
             left,
             right,
             join.on().to_vec(),
             join.filter().clone(),
-            &join.join_type(),
-            None,
+            &join_type,
+            projection,
             PartitionMode::Partitioned,
             join.null_equality(),
             false,
         )?;
-        self.replace(&twin, relied, ReplacedOperator::SortMergeJoin, backend)
+        if !ordered {
+            return self.replace(&twin, relied, ReplacedOperator::SortMergeJoin, backend);
+        }
+        let twin = match swapped {
+            true => swapped_sides(&twin)?,
+            false => twin,
+        };
+        let order = SortMergeOrder::new(join, swapped, (left_sort_removed, right_sort_removed));
+        let exec =
+            GpuJoinExec::try_new_ordered(&twin, backend, self.options, ReplacedOperator::SortMergeJoin, Some(order))?;
+        Ok(Assessment::Replace(Arc::new(exec)))
     }
 
     /// Checks shared by every join: enabled, a backend, key types, size.
@@ -166,10 +186,51 @@ fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     plan_statistics(plan)?.num_rows.get_value().copied()
 }
 
-/// The input of a plain sort (no fetch), or the node itself.
-fn without_sort(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-    match plan.downcast_ref::<SortExec>() {
-        Some(sort) if sort.fetch().is_none() => Arc::clone(sort.input()),
-        _ => Arc::clone(plan),
+/// The first key type whose values cannot be sorted into SQL order on the
+/// device, if any.
+fn unsortable_key_type(join: &SortMergeJoinExec) -> Result<Option<DataType>> {
+    let schema = join.left().schema();
+    for (key, _) in join.on() {
+        let data_type = key.data_type(&schema)?;
+        if !is_packable_key_type(&data_type) {
+            return Ok(Some(data_type));
+        }
+    }
+    Ok(None)
+}
+
+/// `join` with its inputs swapped, as a hash join itself.
+fn swapped_sides(join: &HashJoinExec) -> Result<HashJoinExec> {
+    let swapped = join.swap_inputs(PartitionMode::Partitioned)?;
+    match swapped.downcast_ref::<HashJoinExec>() {
+        Some(swapped) => Ok(swapped.builder().reset_state().build()?),
+        None => internal_err!("GPU join: swapping the sides of a {} join gave a {}", join.join_type(), swapped.name()),
+    }
+}
+
+/// The input of a plain sort (no fetch) below a sort-merge join, and
+/// whether the sort was removed. Where the join's order is kept, only a
+/// sort that a sort by the join's keys makes good for goes: one that also
+/// orders by other columns, for the plan above, stays.
+fn without_key_sort(
+    join: &SortMergeJoinExec,
+    plan: &Arc<dyn ExecutionPlan>,
+    keys: &[PhysicalExprRef],
+    ordered: bool,
+) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
+    let Some(sort) = plan.downcast_ref::<SortExec>().filter(|sort| sort.fetch().is_none()) else {
+        return Ok((Arc::clone(plan), false));
+    };
+    let input = Arc::clone(sort.input());
+    if !ordered {
+        return Ok((input, true));
+    }
+    let Some(key_ordering) = SortMergeOrder::key_ordering(join, keys) else {
+        return Ok((Arc::clone(plan), false));
+    };
+    let by_keys = SortExec::new(key_ordering, Arc::clone(&input)).with_preserve_partitioning(true);
+    match by_keys.properties().equivalence_properties().ordering_satisfy(sort.expr().clone())? {
+        true => Ok((input, true)),
+        false => Ok((Arc::clone(plan), false)),
     }
 }

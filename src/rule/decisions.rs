@@ -32,8 +32,9 @@ pub enum NotOnGpu {
     UnsupportedKeyType(DataType),
     /// Estimated build plus probe rows are below `gpu_join.min_rows`.
     BelowMinRows { rows: usize, min_rows: usize },
-    /// An ancestor relies on the sort-merge join's sorted output.
-    OrderingRelied,
+    /// An ancestor relies on the sort-merge join's sorted output, and a key
+    /// of this type does not sort on the GPU.
+    OrderingRelied(DataType),
     /// The plan was made without the GPU join rule.
     RuleNotRun,
 }
@@ -52,8 +53,11 @@ impl fmt::Display for NotOnGpu {
             NotOnGpu::BelowMinRows { rows, min_rows } => {
                 write!(f, "estimated {rows} rows, below gpu_join.min_rows = {min_rows}")
             }
-            NotOnGpu::OrderingRelied => {
-                write!(f, "the plan relies on the sort-merge join's output ordering")
+            NotOnGpu::OrderingRelied(t) => {
+                write!(
+                    f,
+                    "the plan relies on the sort-merge join's output ordering, and {t} keys do not sort on the GPU"
+                )
             }
             NotOnGpu::RuleNotRun => {
                 write!(f, "the GPU join rule is not registered for this session")

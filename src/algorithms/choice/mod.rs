@@ -33,17 +33,23 @@ pub struct Choice {
     pub reason: String,
 }
 
-/// The strategies the session's settings allow for a join.
+/// The strategies the session's settings allow for a join. A join whose
+/// output leaves in key order is sort-merge whatever the settings say, and
+/// gathers its build side from the sorted relation: the order is that of
+/// sorted build positions.
 fn candidates(definition: &JoinDefinition) -> Vec<Strategy> {
-    let algorithms: &[Algorithm] = match definition.algorithm {
-        AlgorithmChoice::Auto => &[Algorithm::PartitionedHash, Algorithm::SortMerge],
-        AlgorithmChoice::Hash => &[Algorithm::PartitionedHash],
-        AlgorithmChoice::SortMerge => &[Algorithm::SortMerge],
-    };
     let spaces: &[Space] = match definition.materialization {
         MaterializationChoice::Auto => &[Space::Transformed, Space::Original],
         MaterializationChoice::Transformed => &[Space::Transformed],
         MaterializationChoice::Untransformed => &[Space::Original],
+    };
+    if definition.key_order.is_some() {
+        return strategies(&[Algorithm::SortMerge], &[Space::Transformed], spaces);
+    }
+    let algorithms: &[Algorithm] = match definition.algorithm {
+        AlgorithmChoice::Auto => &[Algorithm::PartitionedHash, Algorithm::SortMerge],
+        AlgorithmChoice::Hash => &[Algorithm::PartitionedHash],
+        AlgorithmChoice::SortMerge => &[Algorithm::SortMerge],
     };
     // Kept probe order matches in original probe rows anyway.
     let probe_spaces = match definition.probe_order_required {
@@ -77,6 +83,7 @@ pub fn every_strategy() -> Vec<Strategy> {
 /// everywhere) and the backend's preferred materialization otherwise.
 pub fn fixed_rule(preference: Space, definition: &JoinDefinition) -> Strategy {
     let algorithm = match definition.algorithm {
+        _ if definition.key_order.is_some() => Algorithm::SortMerge,
         AlgorithmChoice::SortMerge => Algorithm::SortMerge,
         AlgorithmChoice::Auto | AlgorithmChoice::Hash => Algorithm::PartitionedHash,
     };
@@ -85,7 +92,8 @@ pub fn fixed_rule(preference: Space, definition: &JoinDefinition) -> Strategy {
         MaterializationChoice::Untransformed => Space::Original,
         MaterializationChoice::Auto => preference,
     };
-    Strategy { algorithm, build_space: space, probe_space: space }
+    let build_space = if definition.key_order.is_some() { Space::Transformed } else { space };
+    Strategy { algorithm, build_space, probe_space: space }
 }
 
 /// What EXPLAIN can say before the join runs: the strategy when the

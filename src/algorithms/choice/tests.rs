@@ -60,6 +60,7 @@ fn definition(algorithm: AlgorithmChoice, materialization: MaterializationChoice
         algorithm,
         materialization,
         planned: PlannedSizes::default(),
+        key_order: None,
     }
 }
 
