@@ -9,6 +9,9 @@
 //! and the GPU join operator alone (every output partition of the join
 //! drained), whose bytes moved each way give the PCIe floor at 55 GB/s.
 //!
+//! `ordered` (only when named) runs the narrow join planned as a sort-merge
+//! join whose order an aggregate relies on, against DataFusion's.
+//!
 //! Last, `passes` runs the narrow query with a device budget of half the
 //! build side's bytes, so that the build side is joined in passes, and
 //! checks its result against DataFusion's (median of 3 runs after one).
@@ -18,6 +21,7 @@
 //! GPU_JOIN_BENCH_SCALE=64 cargo bench --bench operator   # 1/64 of the sizes
 //! GPU_JOIN_BENCH_ONLY=narrow cargo bench --bench operator  # one workload
 //! GPU_JOIN_BENCH_ONLY=passes cargo bench --bench operator  # build side twice the budget
+//! GPU_JOIN_BENCH_ONLY=ordered cargo bench --bench operator # a sort-merge join's order kept
 //! GPU_JOIN_BENCH_SETTINGS='set gpu_join.probe_chunk_rows = 4194304' \
 //!   GPU_JOIN_BENCH_GPU_ONLY=1 cargo bench --bench operator  # GPU session settings; DataFusion not timed
 //! ```
@@ -301,6 +305,9 @@ fn operator(c: &mut Criterion) {
             rows: last.rows,
         });
     }
+    if only.split('|').any(|n| n == "ordered") {
+        runtime.block_on(sort_merge_order_relied_on(build_keys.clone(), probe_keys.clone()));
+    }
     if only.is_empty() || only.split('|').any(|n| n == "passes") {
         runtime.block_on(build_twice_the_budget(build_keys, probe_keys));
     }
@@ -334,6 +341,62 @@ fn operator(c: &mut Criterion) {
     }
 }
 
+/// Checks that both sessions give the same result (the first, warm-up run),
+/// then times `runs` more runs of each, the sessions taking turns; the
+/// medians.
+async fn checked_medians(
+    label: &str,
+    cpu: &SessionContext,
+    gpu: &SessionContext,
+    query: &str,
+    runs: usize,
+) -> (Duration, Duration) {
+    let (_, expected) = run_query(cpu, query).await;
+    let (_, actual) = run_query(gpu, query).await;
+    assert_eq!(expected, actual, "{label}: the GPU session's result differs from DataFusion's");
+    let (mut cpu_runs, mut gpu_runs) = (vec![], vec![]);
+    for _ in 0..runs {
+        cpu_runs.push(run_query(cpu, query).await.0);
+        gpu_runs.push(run_query(gpu, query).await.0);
+    }
+    (median(cpu_runs), median(gpu_runs))
+}
+
+/// The narrow join planned as a sort-merge join whose order an aggregate
+/// streams over: DataFusion sorts both sides and merges on the CPU; the GPU
+/// session sorts and joins on the device, in the same order (median of 5
+/// runs after one, the sessions taking turns).
+async fn sort_merge_order_relied_on(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
+    let (build_rows, probe_rows) = (build_keys.len(), probe_keys.len());
+    let (r, s) = (Arc::new(table("p", build_keys, 1).0), Arc::new(table("q", probe_keys, 1).0));
+    let (cpu, gpu) = (session(false, &r, &s), session(true, &r, &s));
+    for ctx in [&cpu, &gpu] {
+        let setting = "set datafusion.optimizer.prefer_hash_join = false";
+        ctx.sql(setting).await.expect("a setting").collect().await.expect("set");
+    }
+    let query = "select count(*), sum(total), sum(k) from \
+                 (select r.k, sum(s.q1) as total from r join s on r.k = s.k group by r.k)";
+    let explain = |ctx: SessionContext| async move {
+        let plan = ctx.sql(query).await.expect("planned").create_physical_plan().await.expect("a plan");
+        datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string()
+    };
+    let (cpu_plan, gpu_plan) = (explain(cpu.clone()).await, explain(gpu.clone()).await);
+    assert!(cpu_plan.contains("SortMergeJoinExec"), "DataFusion plans no sort-merge join:\n{cpu_plan}");
+    assert!(
+        gpu_plan.contains("output_ordering=[") && !gpu_plan.contains("SortExec"),
+        "the GPU join does not keep the sort-merge order without sorts:\n{gpu_plan}"
+    );
+    let (cpu_time, gpu_time) = checked_medians("ordered", &cpu, &gpu, query, 5).await;
+    println!("ordered: GPU plan:\n{gpu_plan}");
+    let (cpu_ms, gpu_ms) = (cpu_time.as_secs_f64() * 1e3, gpu_time.as_secs_f64() * 1e3);
+    println!(
+        "\nsort-merge join whose order an aggregate relies on ({build_rows} build rows, {probe_rows} probe rows):"
+    );
+    println!("| DataFusion (SortMergeJoinExec) | GPU session (GpuJoinExec in key order) | speed-up | result |");
+    println!("|---|---|---|---|");
+    println!("| {cpu_ms:.0} ms | {gpu_ms:.0} ms | {:.1}x | equal to DataFusion's |", cpu_ms / gpu_ms);
+}
+
 /// The narrow join with a device budget of half the build side's bytes.
 async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
     let build_bytes = build_keys.len() * 2 * size_of::<i32>();
@@ -350,14 +413,7 @@ async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
         gpu.sql(&setting).await.expect("a setting").collect().await.expect("set");
     }
     let query = "select count(*), sum(p1), sum(q1) from r join s on r.k = s.k";
-    let (_, expected) = run_query(&cpu, query).await;
-    let (_, actual) = run_query(&gpu, query).await;
-    assert_eq!(expected, actual, "build twice the budget: the GPU session's result differs from DataFusion's");
-    let (mut cpu_runs, mut gpu_runs) = (vec![], vec![]);
-    for _ in 0..3 {
-        cpu_runs.push(run_query(&cpu, query).await.0);
-        gpu_runs.push(run_query(&gpu, query).await.0);
-    }
+    let (cpu_time, gpu_time) = checked_medians("build twice the budget", &cpu, &gpu, query, 3).await;
     let plan = gpu.sql(query).await.expect("planned").create_physical_plan().await.expect("a plan");
     let join = find_join(&plan).expect("the join runs on the GPU");
     let streams = execute_stream_partitioned(Arc::clone(&join), gpu.task_ctx()).expect("streams");
@@ -374,8 +430,8 @@ async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
     println!("|---|---|---|---|");
     println!(
         "| {:.0} ms | {:.0} ms | {passes} | equal to DataFusion's |",
-        median(cpu_runs).as_secs_f64() * 1e3,
-        median(gpu_runs).as_secs_f64() * 1e3
+        cpu_time.as_secs_f64() * 1e3,
+        gpu_time.as_secs_f64() * 1e3
     );
 }
 

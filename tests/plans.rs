@@ -340,6 +340,8 @@ async fn sort_merge_join_order_is_kept_without_its_sorts() {
         ("SELECT a.k, a.x, b.y FROM a LEFT JOIN b ON a.k = b.k ORDER BY a.k NULLS FIRST", "Left"),
         ("SELECT a.x, b.k, b.y FROM a RIGHT JOIN b ON a.k = b.k ORDER BY b.k NULLS FIRST", "Left"),
         ("SELECT a.k, a.x FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k) ORDER BY a.k NULLS FIRST", "LeftSemi"),
+        // An aggregate that streams over groups in key order.
+        ("SELECT a.k, sum(b.y) AS total FROM a JOIN b ON a.k = b.k GROUP BY a.k", "Inner"),
         // The query's own sort stays above the join; none below it.
         ("SELECT a.k, a.x FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k) ORDER BY a.k DESC", "LeftAnti"),
     ] {
@@ -360,7 +362,9 @@ async fn sort_merge_join_order_is_kept_without_its_sorts() {
                 .collect()
         };
         let (actual, expected) = (run(&ctx, sql).await, run(&reference, sql).await);
-        assert_eq!(keys(&actual, "k"), keys(&expected, "k"), "{sql}: keys out of DataFusion's order");
+        if sql.contains("ORDER BY") {
+            assert_eq!(keys(&actual, "k"), keys(&expected, "k"), "{sql}: keys out of DataFusion's order");
+        }
         assert_eq!(sorted_rows(&actual), sorted_rows(&expected), "{sql}");
     }
 }

@@ -308,6 +308,9 @@ impl JoinBackend for CudaBackend {
     }
 
     fn download_flags(&self, flags: &DeviceBuffer<u8>) -> Result<Vec<bool>> {
+        // The flags are read on the stream of the instance that allocated
+        // them (a build side's); wait for the flags this instance set.
+        self.finish()?;
         Ok(flags.download("flags")?.into_iter().map(|f| f != 0).collect())
     }
 }
