@@ -412,15 +412,23 @@ async fn run_case(case: &Case) -> Result<(), String> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gpu_join_matches_hash_join_on_random_inputs() {
-    let cases: u64 = std::env::var("GPU_JOIN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+/// The seeds of a fuzz run: `GPU_JOIN_FUZZ_CASES` of them (else
+/// `default_cases`) from `GPU_JOIN_FUZZ_SEED` (else the clock).
+fn fuzz_seeds(name: &str, default_cases: u64) -> std::ops::Range<u64> {
+    let cases: u64 = std::env::var("GPU_JOIN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default_cases);
     let first_seed: u64 = std::env::var("GPU_JOIN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
     });
-    println!("fuzz: {cases} cases from seed {first_seed}");
+    println!("{name}: {cases} cases from seed {first_seed}");
+    first_seed..first_seed + cases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_join_matches_hash_join_on_random_inputs() {
+    let seeds = fuzz_seeds("fuzz", 2000);
+    let cases = seeds.end - seeds.start;
     let mut covered = std::collections::HashSet::new();
-    for seed in first_seed..first_seed + cases {
+    for seed in seeds {
         let case = random_case(seed);
         if let Err(failure) = run_case(&case).await {
             panic!("fuzz case failed: {case:?}\n{failure}");
@@ -541,13 +549,10 @@ async fn run_ordered_case(case: &Case, rng: &mut StdRng) -> Result<bool, String>
 /// for ascending and descending keys, NULLs first and last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordered_gpu_join_matches_sort_merge_join_on_random_inputs() {
-    let cases: u64 = std::env::var("GPU_JOIN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
-    let first_seed: u64 = std::env::var("GPU_JOIN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-    });
-    println!("ordered fuzz: {cases} cases from seed {first_seed}");
+    let seeds = fuzz_seeds("ordered fuzz", 500);
+    let cases = seeds.end - seeds.start;
     let mut covered = std::collections::HashSet::new();
-    for seed in first_seed..first_seed + cases {
+    for seed in seeds {
         let case = random_case(seed);
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
         match run_ordered_case(&case, &mut rng).await {

@@ -81,14 +81,15 @@ impl JoinDefinition {
     }
 
     /// Whether the matches of a probe chunk of `rows` rows leave in probe
-    /// row order.
+    /// row order; never where the output leaves in key order instead.
     pub(crate) fn keeps_probe_order(&self, rows: usize) -> bool {
-        self.probe_order_required
-            || match self.keep_probe_order {
-                ProbeOrderChoice::Always => true,
-                ProbeOrderChoice::Auto => rows <= SMALL_PROBE_CHUNK_ROWS,
-                ProbeOrderChoice::Required => false,
-            }
+        self.key_order.is_none()
+            && (self.probe_order_required
+                || match self.keep_probe_order {
+                    ProbeOrderChoice::Always => true,
+                    ProbeOrderChoice::Auto => rows <= SMALL_PROBE_CHUNK_ROWS,
+                    ProbeOrderChoice::Required => false,
+                })
     }
 
     /// Build-side columns the output needs, ascending, without repeats.

@@ -23,7 +23,7 @@ mod strategy;
 
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
 pub use pipeline::{
-    BuildSide, HostRows, LoadedChunk, PhaseTimers, evaluate_keys, finish_build_side, join_in_key_order,
-    join_probe_chunk, load_probe_chunk, prepare_build_side,
+    BuildSide, HostRows, LoadedChunk, PhaseTimers, Settle, evaluate_keys, finish_build_side, join_loaded_chunk,
+    load_probe_chunk, prepare_build_side,
 };
 pub use strategy::{Algorithm, Strategy};

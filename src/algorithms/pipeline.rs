@@ -348,7 +348,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     let keys = StagedKeys::evaluate(&definition.probe_keys, &chunk.parts)?;
     // Probe order is kept by matching in original probe rows, then
     // ordering the pairs by them.
-    let keep_probe_order = definition.key_order.is_none() && definition.keeps_probe_order(chunk.rows());
+    let keep_probe_order = definition.keeps_probe_order(chunk.rows());
     let space = if keep_probe_order { Space::Original } else { build.choice.strategy.probe_space };
     let key_arrays = match build.encoder.exactness() {
         KeyExactness::NeedsVerification => keys.concatenated()?,
@@ -387,44 +387,22 @@ pub fn load_probe_chunk<B: JoinBackend>(
     Ok(loaded)
 }
 
-/// Joins a loaded probe chunk with the build side and returns its output
-/// rows (the probe side's part of the result; build-side rows come at the
-/// end). Waits for its work before returning, so that the chunk's memory
-/// may be freed on the instance that loaded it.
-pub fn join_probe_chunk<B: JoinBackend>(
-    backend: &B,
-    definition: &JoinDefinition,
-    build: &BuildSide<B>,
-    chunk: LoadedChunk<B>,
-    timers: &PhaseTimers,
-) -> Result<RecordBatch> {
-    join_loaded_chunk(backend, definition, build, chunk, timers, Settle::ProbeChunk)
-}
-
-/// Joins the whole probe side of a partition, loaded as one chunk, with the
-/// build side and returns every output row of the partition, build-side
-/// rows included, in the build side's key order
-/// ([`JoinDefinition::key_order`]).
-pub fn join_in_key_order<B: JoinBackend>(
-    backend: &B,
-    definition: &JoinDefinition,
-    build: &BuildSide<B>,
-    chunk: LoadedChunk<B>,
-    timers: &PhaseTimers,
-) -> Result<RecordBatch> {
-    join_loaded_chunk(backend, definition, build, chunk, timers, Settle::KeyOrder)
-}
-
 /// Which output rows a joined chunk settles, in which order.
-#[derive(Clone, Copy)]
-enum Settle {
-    /// The chunk's own rows; build-side rows come once every chunk is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The chunk's own rows; build-side rows come once every chunk is in
+    /// ([`finish_build_side`]).
     ProbeChunk,
-    /// Every row of the partition, in the build side's key order.
+    /// The whole probe side of a partition, loaded as one chunk: every
+    /// output row of the partition, build-side rows included, in the build
+    /// side's key order ([`JoinDefinition::key_order`]).
     KeyOrder,
 }
 
-fn join_loaded_chunk<B: JoinBackend>(
+/// Joins a loaded probe chunk with the build side and returns the output
+/// rows `settle` asks for. Waits for its work before returning, so that the
+/// chunk's memory may be freed on the instance that loaded it.
+pub fn join_loaded_chunk<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     build: &BuildSide<B>,

@@ -39,7 +39,7 @@ use super::passes::{BuildPasses, split_by_pass};
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
-    BuildSide, HostRows, LoadedChunk, finish_build_side, join_in_key_order, join_probe_chunk, load_probe_chunk,
+    BuildSide, HostRows, LoadedChunk, Settle, finish_build_side, join_loaded_chunk, load_probe_chunk,
 };
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
@@ -543,7 +543,7 @@ async fn join_chunk<B: JoinBackend>(
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
             let permit = partition.admitted().await?;
-            match join_loaded(partition, backend, build, loaded).await {
+            match join_loaded(partition, backend, build, loaded, Settle::ProbeChunk).await {
                 Ok(output) => return Ok(vec![output]),
                 Err(e) if is_out_of_memory(&e) => {
                     drop(permit);
@@ -560,14 +560,15 @@ async fn join_chunk<B: JoinBackend>(
     let mut pending = vec![batch];
     while let Some(piece) = pending.pop() {
         let permit = admitted(&partition.inputs.metrics, join.admission().exclusive()).await?;
-        let error = match join_exclusively(partition, backend, build, piece.clone()).await {
-            Ok(batch) => {
-                output.push(batch);
-                continue;
-            }
-            Err(e) if is_out_of_memory(&e) => e,
-            Err(e) => return Err(e),
-        };
+        let error =
+            match load_and_join(partition, backend, build, HostRows::whole(piece.clone()), Settle::ProbeChunk).await {
+                Ok(batch) => {
+                    output.push(batch);
+                    continue;
+                }
+                Err(e) if is_out_of_memory(&e) => e,
+                Err(e) => return Err(e),
+            };
         drop(permit);
         let rows = piece.num_rows();
         if rows <= SMALLEST_RETRY_ROWS {
@@ -586,14 +587,17 @@ async fn join_chunk<B: JoinBackend>(
     Ok(output)
 }
 
-async fn join_exclusively<B: JoinBackend>(
+/// Loads `rows` and joins them, under whatever admission the caller holds;
+/// an out-of-memory error from either step comes back as it is.
+async fn load_and_join<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
     build: &Arc<BuildSide<B>>,
-    piece: RecordBatch,
+    rows: HostRows,
+    settle: Settle,
 ) -> Result<RecordBatch> {
-    match load_chunk(partition, backend, build, HostRows::whole(piece)).await? {
-        Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded).await,
+    match load_chunk(partition, backend, build, rows).await? {
+        Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded, settle).await,
         Chunk::NotLoaded(_, error) => Err(error),
     }
 }
@@ -603,14 +607,17 @@ async fn join_loaded<B: JoinBackend>(
     backend: &B,
     build: &Arc<BuildSide<B>>,
     loaded: LoadedChunk<B>,
+    settle: Settle,
 ) -> Result<RecordBatch> {
     let inputs = partition.inputs;
     let (backend, definition, timers) =
         (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    run_blocking("joining a probe chunk", move || join_probe_chunk(&backend, &definition, &build, loaded, &timers))
-        .await
+    run_blocking("joining a probe chunk", move || {
+        join_loaded_chunk(&backend, &definition, &build, loaded, &timers, settle)
+    })
+    .await
 }
 
 /// Joins the whole probe side of a partition as one chunk and sends every
@@ -640,25 +647,29 @@ async fn join_partition_in_key_order<B: JoinBackend>(
         None => HostRows::whole(RecordBatch::new_empty(inputs.right.schema())),
     };
     let backend = partition.open_backend()?;
-    let permit = partition.admitted().await?;
-    let error = match join_whole(partition, &backend, build, chunk.clone()).await? {
-        Ok(batch) => {
-            output.send(batch).await;
-            return Ok(());
+    let mut error = None;
+    // Beside other jobs first, then alone on the device.
+    for exclusive in [false, true] {
+        let _permit = match exclusive {
+            false => partition.admitted().await?,
+            true => admitted(&inputs.metrics, partition.join.admission().exclusive()).await?,
+        };
+        match load_and_join(partition, &backend, build, chunk.clone(), Settle::KeyOrder).await {
+            Ok(batch) => {
+                output.send(batch).await;
+                return Ok(());
+            }
+            Err(e) if is_out_of_memory(&e) => {
+                log::info!(
+                    "gpu_join: a probe side of {} rows in key order ran out of device memory: {e}",
+                    chunk.rows()
+                );
+                error = Some(e);
+            }
+            Err(e) => return Err(e),
         }
-        Err(error) => error,
-    };
-    drop(permit);
-    log::info!("gpu_join: joining a probe side of {} rows again, alone on the device: {error}", chunk.rows());
-    let permit = admitted(&inputs.metrics, partition.join.admission().exclusive()).await?;
-    let error = match join_whole(partition, &backend, build, chunk.clone()).await? {
-        Ok(batch) => {
-            output.send(batch).await;
-            return Ok(());
-        }
-        Err(error) => error,
-    };
-    drop(permit);
+    }
+    let error = error.ok_or_else(|| internal_datafusion_err!("GPU join: no attempt joined the probe side"))?;
     let (build, context) = (Arc::clone(build), Arc::clone(&inputs.context));
     let (build, probe) = run_blocking("assembling both sides for DataFusion's operator", move || {
         Ok((build.whole_batch()?, chunk.whole_batch()?))
@@ -668,34 +679,6 @@ async fn join_partition_in_key_order<B: JoinBackend>(
     let batches = join_partition_on_cpu(&join.twin, &join.definition, &build, probe, context, error).await?;
     output.send_all(batches).await;
     Ok(())
-}
-
-/// The output of a whole probe side in key order, or the error of a device
-/// that ran out of memory.
-async fn join_whole<B: JoinBackend>(
-    partition: &Partition<'_, B>,
-    backend: &B,
-    build: &Arc<BuildSide<B>>,
-    chunk: HostRows,
-) -> Result<std::result::Result<RecordBatch, DataFusionError>> {
-    let loaded = match load_chunk(partition, backend, build, chunk).await? {
-        Chunk::Loaded(loaded) => loaded,
-        Chunk::NotLoaded(_, error) => return Ok(Err(error)),
-    };
-    let inputs = partition.inputs;
-    let (backend, definition, timers) =
-        (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
-    let build = Arc::clone(build);
-    let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    match run_blocking("joining a probe side in key order", move || {
-        join_in_key_order(&backend, &definition, &build, loaded, &timers)
-    })
-    .await
-    {
-        Ok(batch) => Ok(Ok(batch)),
-        Err(e) if is_out_of_memory(&e) => Ok(Err(e)),
-        Err(e) => Err(e),
-    }
 }
 
 /// Sends output in `batch_size` slices and stops at the join's `fetch`.

@@ -21,7 +21,7 @@ use std::hash::Hash;
 
 use arrow::array::{Array, ArrayRef};
 use arrow::compute::SortOptions;
-use arrow::datatypes::{DataType, TimeUnit};
+use arrow::datatypes::DataType;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::{NullEquality, internal_err};
 use datafusion::error::Result;
@@ -271,57 +271,42 @@ pub fn verify_candidates(
 }
 
 /// Key types whose values pack (when their range allows), and so can be
-/// sorted into SQL order on the device.
+/// sorted into SQL order on the device: the integer-like types the packed
+/// layout reads, and booleans.
 pub fn is_packable_key_type(data_type: &DataType) -> bool {
     use DataType::*;
-    match data_type {
+    matches!(
+        data_type,
         Boolean
-        | Int8
-        | Int16
-        | Int32
-        | Int64
-        | UInt8
-        | UInt16
-        | UInt32
-        | UInt64
-        | Date32
-        | Date64
-        | Decimal32(_, _)
-        | Decimal64(_, _)
-        | Decimal128(_, _) => true,
-        Time32(unit) => matches!(unit, TimeUnit::Second | TimeUnit::Millisecond),
-        Time64(unit) => matches!(unit, TimeUnit::Microsecond | TimeUnit::Nanosecond),
-        Timestamp(_, _) | Duration(_) => true,
-        _ => false,
-    }
+            | Int8
+            | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_)
+            | Decimal32(_, _)
+            | Decimal64(_, _)
+            | Decimal128(_, _)
+    )
 }
 
-/// Key types the GPU join accepts. Integer-like types may be packed; the rest
-/// are hashed with DataFusion's hash and verified with its comparator.
+/// Key types the GPU join accepts: packable ones, and the rest, which are
+/// hashed with DataFusion's hash and verified with its comparator.
 pub fn is_supported_key_type(data_type: &DataType) -> bool {
     use DataType::*;
     match data_type {
-        Int8
-        | Int16
-        | Int32
-        | Int64
-        | UInt8
-        | UInt16
-        | UInt32
-        | UInt64
-        | Float16
+        _ if is_packable_key_type(data_type) => true,
+        Float16
         | Float32
         | Float64
-        | Boolean
-        | Date32
-        | Date64
-        | Time32(_)
-        | Time64(_)
-        | Timestamp(_, _)
-        | Duration(_)
-        | Decimal32(_, _)
-        | Decimal64(_, _)
-        | Decimal128(_, _)
         | Decimal256(_, _)
         | Utf8
         | LargeUtf8
