@@ -255,6 +255,12 @@ fn median(mut values: Vec<Duration>) -> Duration {
     values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
+/// Each phase's median over `runs`.
+fn median_phases<'a>(runs: impl Iterator<Item = &'a Phases> + Clone) -> Phases {
+    let phase = |f: fn(&Phases) -> Duration| median(runs.clone().map(f).collect());
+    Phases { transform: phase(|p| p.transform), matching: phase(|p| p.matching), materialize: phase(|p| p.materialize) }
+}
+
 struct Row {
     workload: String,
     algorithm: &'static str,
@@ -297,12 +303,7 @@ fn bench_workload<K: NormalizedKey>(
             })
         });
         let runs = runs.into_inner().expect("runs");
-        let phase = |f: fn(&Phases) -> Duration| median(runs.iter().map(|(p, _)| f(p)).collect());
-        let phases = Phases {
-            transform: phase(|p| p.transform),
-            matching: phase(|p| p.matching),
-            materialize: phase(|p| p.materialize),
-        };
+        let phases = median_phases(runs.iter().map(|(p, _)| p));
         let total = median(runs.iter().map(|(p, _)| p.total()).collect());
         results.lock().expect("results").push(Row {
             workload: workload.name.to_string(),

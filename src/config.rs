@@ -198,8 +198,11 @@ extensions_options! {
         pub algorithm: AlgorithmChoice, default = AlgorithmChoice::Auto
         /// Payload materialization: auto, transformed (GFTR) or untransformed (GFUR).
         pub materialization: MaterializationChoice, default = MaterializationChoice::Auto
-        /// Joins whose estimated build plus probe rows are below this stay on DataFusion.
-        pub min_rows: usize, default = 1_000_000
+        /// Joins whose estimated build plus probe rows are below this stay on
+        /// DataFusion: at planning, from statistics, and again with each build
+        /// side as collected. The default is where the GPU session started to
+        /// win on the operator benchmark (docs/benchmarks.md).
+        pub min_rows: usize, default = 10_000_000
         /// CUDA device ordinal.
         pub device: usize, default = 0
         /// Device memory budget: auto, a size such as 40G, or a percentage such as 75%.

@@ -15,12 +15,15 @@ use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::algorithms::choice::plan_statistics;
 use datafusion_gpu_join::backend::cuda_backend;
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::exec::ReplacedOperator;
 use datafusion_gpu_join::{GpuJoinContextExt, GpuJoinExec, GpuJoinRule, NotOnGpu, Placement, SessionStateBuilderExt};
 
-use crate::common::{gpu_context, physical_plan_text, run, sorted_rows, test_backend, test_options, total_rows};
+use crate::common::{
+    datafusion_context, gpu_context, physical_plan_text, run, sorted_rows, test_backend, test_options, total_rows,
+};
 
 async fn context_with_tables(config: SessionConfig) -> SessionContext {
     let ctx = gpu_context(config);
@@ -206,6 +209,52 @@ async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
     assert!(physical_plan_text(&ctx, sql).await.contains("algorithm=SMJ-OM"));
 }
 
+/// Every GPU join in a plan.
+fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuJoinExec> {
+    let mut joins: Vec<&GpuJoinExec> = plan.children().into_iter().flat_map(gpu_joins).collect();
+    joins.extend(plan.downcast_ref::<GpuJoinExec>());
+    joins
+}
+
+/// A join the plan's statistics sent to the device, whose build side turns
+/// out smaller than they said, is joined by DataFusion's operator once the
+/// build side is collected; EXPLAIN ANALYZE says so and why.
+#[tokio::test]
+async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
+    let (ctx, reference) = (gpu_context(SessionConfig::new()), datafusion_context(SessionConfig::new()));
+    for context in [&ctx, &reference] {
+        run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
+        run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
+    }
+    // 40 rows pass the filter; statistics cannot tell how many.
+    let sql = "SELECT b.z, p.w FROM (SELECT k, z FROM f WHERE z % 100 = 0) b JOIN p ON b.k = p.k";
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let join = gpu_joins(&plan).pop().expect("a GPU join");
+    let rows = |plan| plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).expect("estimated rows");
+    let estimated = rows(join.left()) + rows(join.right());
+    assert!(40 + 2000 < estimated, "the statistics must overestimate the build side for this test: {estimated}");
+
+    run(&ctx, &format!("SET gpu_join.min_rows = {estimated}")).await;
+    assert!(physical_plan_text(&ctx, sql).await.contains("GpuJoinExec"), "the plan passes min_rows");
+    let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+    let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+    assert!(line.contains("algorithm=DataFusion"), "{line}");
+    let reason = format!(
+        "DataFusion: 40 build rows as collected make about 2040 rows to join, below gpu_join.min_rows = {estimated}"
+    );
+    assert!(line.contains(&reason), "{line}");
+    let expected = sorted_rows(&run(&reference, sql).await);
+    assert_eq!(sorted_rows(&run(&ctx, sql).await), expected);
+
+    run(&ctx, &format!("SET gpu_join.min_rows = {}", 40 + 2000)).await;
+    let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+    let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+    assert!(!line.contains("DataFusion"), "{line}");
+    assert_eq!(sorted_rows(&run(&ctx, sql).await), expected);
+}
+
 /// With no CUDA driver, `auto` leaves plans exactly as DataFusion made them
 /// and `cuda` fails with an error that says what to do. On a machine with a
 /// usable device, `auto` plans on it instead.
@@ -322,7 +371,7 @@ async fn probe_order_is_kept_across_chunks() {
 async fn sort_merge_join_order_is_kept_without_its_sorts() {
     let config = SessionConfig::new().with_target_partitions(3).with_batch_size(7);
     let ctx = context_with_tables(config.clone()).await;
-    let reference = crate::common::datafusion_context(config);
+    let reference = datafusion_context(config);
     for context in [&ctx, &reference] {
         for sql in [
             "SET datafusion.optimizer.prefer_hash_join = false",

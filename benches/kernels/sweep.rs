@@ -7,7 +7,8 @@
 //! a build side of 1,000 distinct keys (probed by 2^12 rows). Each cell
 //! measures the four fixed strategies and auto, whose time includes
 //! sampling the build keys and weighing the strategies, as the operator
-//! does.
+//! does. A second table sets each fixed strategy's phases beside the cost
+//! model's estimates, to show where the model is off.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use criterion::Criterion;
 use datafusion_gpu_join::algorithms::Algorithm;
 use datafusion_gpu_join::algorithms::Strategy;
 use datafusion_gpu_join::algorithms::choice::{
-    CostProfile, JoinShape, KeySample, estimate_keys, every_strategy, sample_positions, weigh,
+    CostProfile, Estimate, JoinShape, KeySample, estimate, estimate_keys, every_strategy, sample_rows, weigh,
 };
 use datafusion_gpu_join::backend::cuda::CudaBackend;
 use datafusion_gpu_join::backend::{JoinBackend, PartitionSpec, SortSpec, radix_pass_count};
@@ -24,7 +25,7 @@ use datafusion_gpu_join::keys::NormalizedKey;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use super::{ALGORITHMS, Method, Workload, keys, median, run, upload_side};
+use super::{ALGORITHMS, Method, Phases, Workload, keys, median, median_phases, run, upload_side};
 
 fn cells(scale: usize) -> Vec<Workload> {
     let r = (1usize << 24) / scale;
@@ -68,9 +69,10 @@ fn shape<K: NormalizedKey>(
     probe_range: (i64, i64),
     sort: SortSpec,
 ) -> JoinShape {
-    let sampled: Vec<u64> = sample_positions(build_keys.len()).into_iter().map(|p| build_keys[p]).collect();
+    let rows = sample_rows(build_keys.len());
+    let sampled: Vec<u64> = rows.positions.iter().map(|&p| build_keys[p]).collect();
     let values = Some(sampled.iter().map(|&k| k as i64).collect());
-    let sample = KeySample { population: build_keys.len(), keys: sampled, values };
+    let sample = KeySample::new(build_keys.len(), &rows, sampled.into_iter().map(Some), values);
     let width = if cell.wide_values { 8 } else { 4 };
     let partition = PartitionSpec::for_build_rows(cell.build_rows, gpu.partition_target_rows());
     JoinShape {
@@ -93,12 +95,15 @@ fn method(strategy: Strategy) -> Method {
     }
 }
 
-/// One cell's medians: the fixed strategies in `ALGORITHMS` order, then auto
-/// and what it chose.
+/// One cell's medians: the fixed strategies in `ALGORITHMS` order (and the
+/// model's estimates of them), then auto, what it chose, and what choosing
+/// cost.
 pub struct CellResult {
     name: String,
-    fixed: Vec<Duration>,
+    fixed: Vec<Phases>,
+    estimated: Vec<Estimate>,
     auto: Duration,
+    choosing: Duration,
     chosen: String,
 }
 
@@ -126,14 +131,14 @@ fn sweep_cell<K: NormalizedKey>(
             b.iter_custom(|iterations| {
                 (0..iterations)
                     .map(|_| {
-                        let total = run(gpu, &build, &probe, method, (space, space)).0.total();
-                        runs.lock().expect("runs").push(total);
-                        total
+                        let phases = run(gpu, &build, &probe, method, (space, space)).0;
+                        runs.lock().expect("runs").push(phases);
+                        phases.total()
                     })
                     .sum()
             })
         });
-        fixed.push(median(runs.into_inner().expect("runs")));
+        fixed.push(median_phases(runs.into_inner().expect("runs").iter()));
     }
     let (runs, chosen) = (Mutex::new(vec![]), Mutex::new(String::new()));
     group.bench_function("auto", |b| {
@@ -146,7 +151,7 @@ fn sweep_cell<K: NormalizedKey>(
                     let chose = start.elapsed();
                     let spaces = (choice.strategy.build_space, choice.strategy.probe_space);
                     let total = chose + run(gpu, &build, &probe, method(choice.strategy), spaces).0.total();
-                    runs.lock().expect("runs").push(total);
+                    runs.lock().expect("runs").push((total, chose));
                     *chosen.lock().expect("chosen") = choice.strategy.label();
                     total
                 })
@@ -154,16 +159,31 @@ fn sweep_cell<K: NormalizedKey>(
         })
     });
     group.finish();
+    let shape = shape::<K>(gpu, cell, &build_keys, probe_range, sort);
+    let estimated = ALGORITHMS
+        .iter()
+        .map(|&(_, method, space)| {
+            let algorithm = match method {
+                Method::PartitionedHash => Algorithm::PartitionedHash,
+                Method::SortMerge | Method::SortMergeFullWidth => Algorithm::SortMerge,
+            };
+            estimate(profile, &shape, Strategy { algorithm, build_space: space, probe_space: space })
+        })
+        .collect();
+    let runs = runs.into_inner().expect("runs");
     CellResult {
         name: cell.name.to_string(),
         fixed,
-        auto: median(runs.into_inner().expect("runs")),
+        estimated,
+        auto: median(runs.iter().map(|r| r.0).collect()),
+        choosing: median(runs.iter().map(|r| r.1).collect()),
         chosen: chosen.into_inner().expect("chosen"),
     }
 }
 
-/// Runs the sweep and prints its table, with auto's time over the best
-/// fixed strategy's in each cell.
+/// Runs the sweep and prints its tables: auto's time over the best fixed
+/// strategy's in each cell, then each fixed strategy's phases, measured and
+/// estimated.
 pub fn sweep(c: &mut Criterion, gpu: &CudaBackend, profile: &CostProfile, scale: usize) {
     let mut results = vec![];
     for cell in cells(scale) {
@@ -175,18 +195,36 @@ pub fn sweep(c: &mut Criterion, gpu: &CudaBackend, profile: &CostProfile, scale:
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!("\nsweep: median total (ms), inputs and outputs in device memory; cost profile {profile:?}");
     let labels: Vec<&str> = ALGORITHMS.iter().map(|(label, _, _)| *label).collect();
-    println!("| cell | {} | auto | auto chose | auto / best |", labels.join(" | "));
-    println!("|---|{}---|---|---|", "---|".repeat(labels.len()));
-    for result in results {
-        let best = result.fixed.iter().min().copied().unwrap_or_default();
-        let fixed: Vec<String> = result.fixed.iter().map(|&d| format!("{:.2}", ms(d))).collect();
+    println!("| cell | {} | auto | auto chose | choosing | auto / best |", labels.join(" | "));
+    println!("|---|{}---|---|---|---|", "---|".repeat(labels.len()));
+    for result in &results {
+        let totals: Vec<Duration> = result.fixed.iter().map(Phases::total).collect();
+        let best = totals.iter().min().copied().unwrap_or_default();
+        let fixed: Vec<String> = totals.iter().map(|&d| format!("{:.2}", ms(d))).collect();
         println!(
-            "| {} | {} | {:.2} | {} | {:.3} |",
+            "| {} | {} | {:.2} | {} | {:.3} | {:.3} |",
             result.name,
             fixed.join(" | "),
             ms(result.auto),
             result.chosen,
+            ms(result.choosing),
             result.auto.as_secs_f64() / best.as_secs_f64()
         );
+    }
+    println!("\nsweep: measured / estimated ms per phase");
+    println!("| cell | strategy | transform | match | materialize | total |");
+    println!("|---|---|---|---|---|---|");
+    for result in &results {
+        for ((label, phases), estimated) in labels.iter().zip(&result.fixed).zip(&result.estimated) {
+            let pair = |measured: Duration, estimated: f64| format!("{:.2} / {:.2}", ms(measured), estimated / 1e6);
+            println!(
+                "| {} | {label} | {} | {} | {} | {} |",
+                result.name,
+                pair(phases.transform, estimated.transform),
+                pair(phases.matching, estimated.matching),
+                pair(phases.materialize, estimated.materialize),
+                pair(phases.total(), estimated.total()),
+            );
+        }
     }
 }

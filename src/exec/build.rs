@@ -6,7 +6,9 @@
 //! is split into passes ([`super::passes`]), or, for a join that cannot be
 //! split, handed with the probe side to DataFusion's operator. One that was
 //! estimated to fit and still runs out of memory, even alone on the device,
-//! is split then.
+//! is split then. A build side that, as collected, makes the join smaller
+//! than `gpu_join.min_rows` also goes to DataFusion's operator: the plan's
+//! statistics, which passed it, were only an estimate.
 
 use std::sync::{Arc, LazyLock};
 
@@ -32,7 +34,7 @@ use super::passes::{BuildPasses, pass_count, split_by_pass};
 use super::runner::PartitionInputs;
 use super::staging::{assemble_rows, concat_in_parallel};
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
-use crate::algorithms::{BuildSide, HostRows, JoinDefinition, evaluate_keys, prepare_build_side};
+use crate::algorithms::{BuildSide, HostRows, JoinDefinition, choice, evaluate_keys, prepare_build_side};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::keys::{KeyEncoder, KeyRanges};
@@ -43,8 +45,9 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
     Whole { side: Arc<BuildSide<B>>, _reservation: MemoryReservation },
     /// Split into passes, each prepared when partitions need it.
     Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
-    /// Too large for the device, for a join that cannot be split: DataFusion's
-    /// operator joins each probe partition with the build side's host copy.
+    /// Too small for the device to win, or too large for it in a join that
+    /// cannot be split: DataFusion's operator joins each probe partition
+    /// with the build side's host copy.
     OnCpu { join: Arc<dyn ExecutionPlan>, _reservation: MemoryReservation },
 }
 
@@ -94,6 +97,8 @@ struct CollectedInput<B: JoinBackend> {
     /// Device bytes its transform would hold at its peak.
     bytes: u64,
     passes: usize,
+    /// Why DataFusion's operator joins it whatever the device could do.
+    left_to_datafusion: Option<String>,
     reservation: MemoryReservation,
     /// The probe input, for DataFusion's operator.
     right: Arc<dyn ExecutionPlan>,
@@ -235,6 +240,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let bytes = transform_bytes(&self.definition, &schema, rows);
         let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
         let passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
+        let left_to_datafusion = choice::below_min_rows(&self.definition.planned, rows, options.min_rows);
+        let whole = passes == 1 && left_to_datafusion.is_none();
         let input = CollectedInput {
             backend,
             metrics: inputs.metrics.clone(),
@@ -245,6 +252,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             rows,
             bytes,
             passes,
+            left_to_datafusion,
             reservation,
             right: Arc::clone(&inputs.right),
             mode: inputs.mode,
@@ -267,7 +275,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             })
             .boxed()
             .shared();
-        Ok(PendingBuild { whole: passes == 1, placed })
+        Ok(PendingBuild { whole, placed })
     }
 
     /// Prepares a build side that fits whole, splits one that does not.
@@ -282,6 +290,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             rows,
             bytes,
             mut passes,
+            left_to_datafusion,
             reservation,
             right,
             mode,
@@ -289,7 +298,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         } = input;
         let mut timer = metrics.build_collect_time.timer();
         let sortable = self.keys_sort_on_device(ranges.as_ref())?;
-        if passes == 1 && sortable {
+        if passes == 1 && sortable && left_to_datafusion.is_none() {
             let (assembler, parts, columns) =
                 (backend.clone(), batches.clone(), self.definition.read_columns(JoinSide::Left));
             let schema = Arc::clone(&schema);
@@ -317,23 +326,30 @@ impl<B: JoinBackend> DeviceJoin<B> {
         })
         .await?;
         timer.done();
-        if !self.definition.splits_into_passes() {
-            match sortable {
-                true => log::warn!(
-                    "gpu_join: a build side of {rows} rows ({bytes} bytes transformed) is larger than the device \
-                     budget allows, and a {} join {} cannot be split into passes: DataFusion's operator joins it",
-                    self.definition.join_type,
-                    match (self.definition.probe_order_required, &self.definition.key_order) {
-                        (true, _) => "in probe order",
-                        (_, Some(_)) => "in key order",
-                        _ => "of this type",
-                    },
-                ),
-                false => log::warn!(
-                    "gpu_join: the build side's keys span too wide a range to sort into the order the plan \
-                     relies on: DataFusion's operator joins it, sorted"
-                ),
+        let small = left_to_datafusion.is_some();
+        let reason = match (left_to_datafusion, sortable) {
+            (Some(reason), _) => Some(reason),
+            (None, false) => Some(
+                "the build side's keys span too wide a range to sort into the order the plan relies on".to_string(),
+            ),
+            (None, true) if !self.definition.splits_into_passes() => Some(format!(
+                "a build side of {rows} rows ({bytes} bytes transformed) is larger than the device budget allows, \
+                 and a {} join {} cannot be split into passes",
+                self.definition.join_type,
+                match (self.definition.probe_order_required, &self.definition.key_order) {
+                    (true, _) => "in probe order",
+                    (_, Some(_)) => "in key order",
+                    _ => "of this type",
+                },
+            )),
+            (None, true) => None,
+        };
+        if let Some(reason) = reason {
+            match small {
+                true => log::debug!("gpu_join: DataFusion's operator joins this build side: {reason}"),
+                false => log::warn!("gpu_join: DataFusion's operator joins this build side: {reason}"),
             }
+            self.chosen.record_datafusion(&reason);
             let join = in_key_order(&self.definition, hash_join_over(&self.twin, &batch, right, mode, partition)?);
             return Ok(Arc::new(CollectedBuild::OnCpu { join, _reservation: reservation }));
         }

@@ -77,6 +77,14 @@ fn probe_keys(twin: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
     twin.on().iter().map(|(_, r)| Arc::clone(r)).collect()
 }
 
+/// Build sides the join collects: one per partition in `Partitioned` mode.
+fn build_sides(twin: &HashJoinExec) -> usize {
+    match twin.mode {
+        PartitionMode::Partitioned => twin.left().output_partitioning().partition_count(),
+        PartitionMode::CollectLeft | PartitionMode::Auto => 1,
+    }
+}
+
 /// Whether matches must leave in probe row order: the hash join's promise
 /// for an ordered probe input, unless the output leaves in key order.
 fn probe_order_required(twin: &HashJoinExec, key_order: Option<&KeyOrder>) -> bool {
@@ -150,7 +158,7 @@ impl GpuJoinExec {
             keep_probe_order: options.keep_probe_order,
             algorithm: options.algorithm,
             materialization: options.materialization,
-            planned: planned_sizes(twin.left(), twin.right(), &probe_keys(twin)),
+            planned: planned_sizes(twin.right(), &probe_keys(twin), build_sides(twin)),
             key_order,
         })
     }
@@ -162,7 +170,7 @@ impl GpuJoinExec {
         let definition = Arc::new(JoinDefinition {
             output_schema: twin.schema(),
             probe_order_required: probe_order_required(&twin, key_order.as_ref()),
-            planned: planned_sizes(twin.left(), twin.right(), &probe_keys(&twin)),
+            planned: planned_sizes(twin.right(), &probe_keys(&twin), build_sides(&twin)),
             key_order,
             ..self.definition.as_ref().clone()
         });
@@ -218,6 +226,7 @@ impl GpuJoinExec {
         let planned = choice::planned(self.backend.preferred_gather_space(), &self.definition, weighs);
         match (self.chosen.describe(), planned) {
             (Some((labels, reasons)), None) => (labels, Some(reasons)),
+            (Some((labels, reasons)), Some(_)) if self.chosen.left_to_datafusion() => (labels, Some(reasons)),
             (Some((labels, _)), Some(_)) => (labels, None),
             (None, Some(strategy)) => (strategy.label(), None),
             (None, None) => ("auto".to_string(), None),

@@ -18,7 +18,7 @@ pub use cost::{Estimate, estimate};
 pub(crate) use observe::observe_shape;
 pub use observe::{PlannedSizes, plan_statistics, planned_sizes};
 pub use profile::{CostProfile, PROFILE_ROWS, device_profile, measure};
-pub use shape::{JoinShape, KeyEstimates, KeySample, SAMPLE_ROWS, estimate_keys, sample_positions};
+pub use shape::{JoinShape, KeyEstimates, KeySample, SampleRows, estimate_keys, sample_rows};
 
 use datafusion::error::Result;
 
@@ -131,6 +131,21 @@ pub fn choose(
         strategy: fixed_rule(preference, definition),
         reason: "fixed rule: nothing to weigh".to_string(),
     }))
+}
+
+/// Why DataFusion's operator, not the device, should join a build side of
+/// `build_rows` rows as collected: the whole join, estimated again from
+/// them, is below `min_rows`, where the device's fixed costs outweigh what
+/// it saves. The plan passed the same check on statistics, which filters
+/// and joins below it make guesses. `None` to join on the device, and when
+/// the probe side's size is unknown.
+pub fn below_min_rows(planned: &PlannedSizes, build_rows: usize, min_rows: usize) -> Option<String> {
+    let rows = planned.join_rows(build_rows)?;
+    (rows < min_rows).then(|| {
+        format!(
+            "{build_rows} build rows as collected make about {rows} rows to join, below gpu_join.min_rows = {min_rows}"
+        )
+    })
 }
 
 /// The candidate the model expects to be fastest; `None` without candidates.

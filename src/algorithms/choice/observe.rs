@@ -13,7 +13,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
-use super::shape::{JoinShape, KeySample, estimate_keys, sample_positions};
+use super::shape::{JoinShape, KeySample, estimate_keys, sample_rows};
 use crate::algorithms::{JoinDefinition, OutputColumn};
 use crate::backend::{JoinBackend, PartitionSpec, radix_pass_count};
 use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
@@ -21,20 +21,38 @@ use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
 /// What DataFusion's statistics say of a join's inputs when it is planned.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PlannedSizes {
-    pub build_rows: Option<usize>,
     pub probe_rows: Option<usize>,
     /// Least and greatest probe key, for one integer key column.
     pub probe_key_range: Option<(i64, i64)>,
+    /// Build sides the join collects: one, or one per partition in
+    /// `Partitioned` mode, each meeting its share of the probe side.
+    pub build_sides: usize,
 }
 
-/// The sizes of a join over `build` and `probe`, from their statistics.
+impl PlannedSizes {
+    /// Probe rows one build side meets.
+    pub fn probe_rows_per_build_side(&self) -> Option<usize> {
+        Some(self.probe_rows? / self.build_sides.max(1))
+    }
+
+    /// The whole join's build plus probe rows, estimated from one build side
+    /// of `build_rows` rows as collected; `None` when the probe side's size
+    /// is unknown.
+    pub fn join_rows(&self, build_rows: usize) -> Option<usize> {
+        let per_side = build_rows.saturating_add(self.probe_rows_per_build_side()?);
+        Some(per_side.saturating_mul(self.build_sides.max(1)))
+    }
+}
+
+/// The sizes of a join over `probe` with `build_sides` build sides, from
+/// the probe side's statistics.
 pub fn planned_sizes(
-    build: &Arc<dyn ExecutionPlan>,
     probe: &Arc<dyn ExecutionPlan>,
     probe_keys: &[PhysicalExprRef],
+    build_sides: usize,
 ) -> PlannedSizes {
-    let rows = |statistics: &Option<Arc<Statistics>>| statistics.as_ref()?.num_rows.get_value().copied();
     let probe_statistics = plan_statistics(probe);
+    let probe_rows = probe_statistics.as_ref().and_then(|s| s.num_rows.get_value().copied());
     let probe_key_range = match probe_keys {
         [key] => key.downcast_ref::<Column>().and_then(|column| {
             let column = probe_statistics.as_ref()?.column_statistics.get(column.index())?;
@@ -42,7 +60,7 @@ pub fn planned_sizes(
         }),
         _ => None,
     };
-    PlannedSizes { build_rows: rows(&plan_statistics(build)), probe_rows: rows(&probe_statistics), probe_key_range }
+    PlannedSizes { probe_rows, probe_key_range, build_sides }
 }
 
 /// DataFusion's statistics of a whole plan (every partition).
@@ -70,12 +88,7 @@ pub(crate) fn observe_shape<B: JoinBackend>(
     build_rows: usize,
 ) -> Result<JoinShape> {
     let planned = definition.planned;
-    let probe_rows = match (planned.probe_rows, planned.build_rows) {
-        // Per build side: a partition's build side meets its share.
-        (Some(probe), Some(build)) if build > 0 => (build_rows as f64 * probe as f64 / build as f64) as usize,
-        (Some(probe), _) => probe,
-        (None, _) => build_rows,
-    };
+    let probe_rows = planned.probe_rows_per_build_side().unwrap_or(build_rows);
     let sort_bits = match encoder.key_bits() {
         32 => encoder.sort_spec::<u32>().digit_bits(),
         _ => encoder.sort_spec::<u64>().digit_bits(),
@@ -123,10 +136,11 @@ fn payload_widths<B: JoinBackend>(backend: &B, definition: &JoinDefinition, side
     (widths, on_host)
 }
 
-/// The keys of up to `SAMPLE_ROWS` build rows, normalised, and their values
-/// for one integer key column.
+/// The keys of a sample of build rows ([`sample_rows`]), normalised, and
+/// their values for one integer key column.
 fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -> Result<KeySample> {
-    let positions = sample_positions(rows);
+    let sampled_rows = sample_rows(rows);
+    let positions = &sampled_rows.positions;
     let columns = key_pieces.first().map_or(0, Vec::len);
     let mut taken: Vec<Vec<ArrayRef>> = vec![vec![]; columns];
     let (mut first_row, mut next) = (0usize, 0usize);
@@ -147,13 +161,11 @@ fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -
         return Ok(KeySample { population: rows, ..KeySample::default() });
     }
     // Null keys match nothing: they are neither duplicates nor matches.
-    let keys: Vec<u64> = match encoder.encode(&sampled)? {
-        NormalizedKeys::U32(keys) => keys.into_iter().filter(|&k| k != u32::UNMATCHABLE).map(u64::from).collect(),
-        NormalizedKeys::U64(keys) => keys.into_iter().filter(|&k| k != u64::UNMATCHABLE).collect(),
-    };
-    let population = match positions.len() {
-        0 => 0,
-        sampled => (rows as f64 * keys.len() as f64 / sampled as f64) as usize,
+    let keys: Vec<Option<u64>> = match encoder.encode(&sampled)? {
+        NormalizedKeys::U32(keys) => {
+            keys.into_iter().map(|k| (k != u32::UNMATCHABLE).then_some(u64::from(k))).collect()
+        }
+        NormalizedKeys::U64(keys) => keys.into_iter().map(|k| (k != u64::UNMATCHABLE).then_some(k)).collect(),
     };
     let values = match sampled.as_slice() {
         [column] if column.data_type().is_integer() => {
@@ -162,5 +174,5 @@ fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -
         }
         _ => None,
     };
-    Ok(KeySample { population, keys, values })
+    Ok(KeySample::new(rows, &sampled_rows, keys, values))
 }
