@@ -219,8 +219,10 @@ impl GpuJoinExec {
     }
 
     /// The strategy as EXPLAIN shows it: what the build sides ran once
-    /// they have, what the settings or fixed rules give before, `auto`
-    /// where the cost model will choose; and the reasons of a choice.
+    /// they have (`DataFusion` where its operator joined them), what the
+    /// settings or fixed rules give before, `auto` where the cost model
+    /// will choose; and the reasons of a weighed choice or of DataFusion's
+    /// operator joining.
     pub fn strategy_text(&self) -> (String, Option<String>) {
         let weighs = matches!(self.backend, BackendHandle::Cuda(_));
         let planned = choice::planned(self.backend.preferred_gather_space(), &self.definition, weighs);
