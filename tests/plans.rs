@@ -218,41 +218,72 @@ fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuJoinExec> {
 
 /// A join the plan's statistics sent to the device, whose build side turns
 /// out smaller than they said, is joined by DataFusion's operator once the
-/// build side is collected; EXPLAIN ANALYZE says so and why.
+/// build side is collected; EXPLAIN ANALYZE says so and why. In both
+/// partition modes, for a join that emits build rows too.
 #[tokio::test]
 async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
-    let (ctx, reference) = (gpu_context(SessionConfig::new()), datafusion_context(SessionConfig::new()));
-    for context in [&ctx, &reference] {
-        run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
-        run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
+    let partitioned = [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        "SET datafusion.optimizer.join_reordering = false",
+    ];
+    for (join, settings, mode) in [
+        ("JOIN", &[][..], "CollectLeft"),
+        ("LEFT JOIN", &[], "CollectLeft"),
+        ("JOIN", &partitioned[..], "Partitioned"),
+        ("LEFT JOIN", &partitioned, "Partitioned"),
+    ] {
+        let config = || SessionConfig::new().with_target_partitions(4);
+        let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
+        for setting in settings {
+            run(&ctx, setting).await;
+            run(&reference, setting).await;
+        }
+        for context in [&ctx, &reference] {
+            run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
+            run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
+        }
+        // 40 rows pass the filter; statistics cannot tell how many. Grouping
+        // by the key keeps a `Partitioned` join partitioned.
+        let sql = format!(
+            "SELECT b.k, count(*), sum(p.w) FROM (SELECT k, z FROM f WHERE z % 100 = 0) b {join} p ON b.k = p.k \
+             GROUP BY b.k"
+        );
+        let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
+        let gpu_join = gpu_joins(&plan).pop().expect("a GPU join");
+        let rows = |plan| plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).expect("estimated rows");
+        let estimated = rows(gpu_join.left()) + rows(gpu_join.right());
+        assert!(40 + 2000 < estimated, "the statistics must overestimate the build side for this test: {estimated}");
+
+        run(&ctx, &format!("SET gpu_join.min_rows = {estimated}")).await;
+        let planned = physical_plan_text(&ctx, &sql).await;
+        assert!(planned.contains(&format!("mode={mode}")), "the plan passes min_rows, in {mode} mode: {planned}");
+        let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+        let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+        let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+        assert!(line.contains("algorithm=DataFusion"), "{line}");
+        let reason = match mode {
+            "CollectLeft" => format!(
+                "DataFusion: 40 build rows as collected make about 2040 rows to join, below gpu_join.min_rows = \
+                 {estimated}"
+            ),
+            _ => format!("rows to join, below gpu_join.min_rows = {estimated}"),
+        };
+        assert!(line.contains(&reason), "{line}");
+        let expected = sorted_rows(&run(&reference, &sql).await);
+        assert_eq!(sorted_rows(&run(&ctx, &sql).await), expected, "{join} in {mode} mode");
+
+        // At its observed size the device joins it. Each partition scales
+        // its own rows to the whole join, so with 7 keys over 4 partitions
+        // some judge it smaller than it is: there, only 0 keeps it whole.
+        let observed = if mode == "CollectLeft" { 40 + 2000 } else { 0 };
+        run(&ctx, &format!("SET gpu_join.min_rows = {observed}")).await;
+        let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+        let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+        let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+        assert!(!line.contains("DataFusion"), "{line}");
+        assert_eq!(sorted_rows(&run(&ctx, &sql).await), expected, "{join} in {mode} mode");
     }
-    // 40 rows pass the filter; statistics cannot tell how many.
-    let sql = "SELECT b.z, p.w FROM (SELECT k, z FROM f WHERE z % 100 = 0) b JOIN p ON b.k = p.k";
-    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
-    let join = gpu_joins(&plan).pop().expect("a GPU join");
-    let rows = |plan| plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).expect("estimated rows");
-    let estimated = rows(join.left()) + rows(join.right());
-    assert!(40 + 2000 < estimated, "the statistics must overestimate the build side for this test: {estimated}");
-
-    run(&ctx, &format!("SET gpu_join.min_rows = {estimated}")).await;
-    assert!(physical_plan_text(&ctx, sql).await.contains("GpuJoinExec"), "the plan passes min_rows");
-    let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-    let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
-    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
-    assert!(line.contains("algorithm=DataFusion"), "{line}");
-    let reason = format!(
-        "DataFusion: 40 build rows as collected make about 2040 rows to join, below gpu_join.min_rows = {estimated}"
-    );
-    assert!(line.contains(&reason), "{line}");
-    let expected = sorted_rows(&run(&reference, sql).await);
-    assert_eq!(sorted_rows(&run(&ctx, sql).await), expected);
-
-    run(&ctx, &format!("SET gpu_join.min_rows = {}", 40 + 2000)).await;
-    let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-    let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
-    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
-    assert!(!line.contains("DataFusion"), "{line}");
-    assert_eq!(sorted_rows(&run(&ctx, sql).await), expected);
 }
 
 /// With no CUDA driver, `auto` leaves plans exactly as DataFusion made them
