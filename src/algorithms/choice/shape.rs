@@ -3,13 +3,14 @@
 //! statistics, and what a sample of build keys says about duplicates and
 //! about how many probe rows can match.
 
-/// Blocks of consecutive build rows whose keys are sampled, and the rows
-/// in each. Reading a block costs about what reading one row does (one
-/// cache line, one page), so blocks give many rows for few misses: the
-/// whole sample costs tens of microseconds even when every block misses the
-/// caches and the TLB.
+/// Blocks of consecutive build rows whose keys are sampled. Reading a block
+/// costs about what reading one row does (one cache line, one page), so
+/// blocks give many rows for few misses: the whole sample costs tens of
+/// microseconds even when every block misses the caches and the TLB.
 pub const SAMPLE_BLOCKS: usize = 256;
+/// Rows in each sampled block.
 pub const BLOCK_ROWS: usize = 8;
+/// Rows a sample reads.
 pub const SAMPLE_ROWS: usize = SAMPLE_BLOCKS * BLOCK_ROWS;
 
 /// The join as the cost model sees it.
