@@ -10,9 +10,13 @@
 //! ```
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
-//! CPU reference backend otherwise. `--validate` checks every result against
-//! the official answers (scale factor 1 only); `--compare` also runs each
-//! query on DataFusion alone and checks that the rows are the same.
+//! CPU reference backend otherwise. `--min-rows` is `gpu_join.min_rows`:
+//! the job's default, 0, runs every join the GPU join can take on it, so
+//! that the job checks them all (a session's default, 10000000, keeps the
+//! joins of scale factor 1 on DataFusion). `--validate` checks every result
+//! against the official answers (scale factor 1 only); `--compare` also
+//! runs each query on DataFusion alone and checks that the rows are the
+//! same.
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +32,7 @@ struct Args {
     queries: Vec<usize>,
     iterations: usize,
     partitions: usize,
-    min_rows: Option<usize>,
+    min_rows: usize,
     validate: bool,
     compare: bool,
 }
@@ -40,7 +44,7 @@ fn parse_args() -> Result<Args> {
         queries: (1..=22).collect(),
         iterations: 1,
         partitions: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        min_rows: None,
+        min_rows: 0,
         validate: false,
         compare: false,
     };
@@ -61,7 +65,7 @@ fn parse_args() -> Result<Args> {
             }
             "--iterations" => args.iterations = value()?.parse().map_err(|_| bad("--iterations"))?,
             "--partitions" => args.partitions = value()?.parse().map_err(|_| bad("--partitions"))?,
-            "--min-rows" => args.min_rows = Some(value()?.parse().map_err(|_| bad("--min-rows"))?),
+            "--min-rows" => args.min_rows = value()?.parse().map_err(|_| bad("--min-rows"))?,
             "--validate" => args.validate = true,
             "--compare" => args.compare = true,
             other => return Err(bad(other)),
@@ -74,9 +78,7 @@ fn session(args: &Args, gpu: bool) -> SessionContext {
     let mut options = GpuJoinConfig::default();
     options.enabled = gpu;
     options.backend = args.backend;
-    if let Some(min_rows) = args.min_rows {
-        options.min_rows = min_rows;
-    }
+    options.min_rows = args.min_rows;
     let config = SessionConfig::new().with_target_partitions(args.partitions).with_option_extension(options);
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
     SessionContext::new_with_state(state)
