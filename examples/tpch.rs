@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N]
-//!     [--validate] [--compare]
+//!     [--validate] [--compare] [--explain]
 //! ```
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
@@ -16,7 +16,8 @@
 //! joins of scale factor 1 on DataFusion). `--validate` checks every result
 //! against the official answers (scale factor 1 only); `--compare` also
 //! runs each query on DataFusion alone and checks that the rows are the
-//! same.
+//! same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
+//! strategy, the reason, and its metrics).
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,7 @@ struct Args {
     min_rows: usize,
     validate: bool,
     compare: bool,
+    explain: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -47,6 +49,7 @@ fn parse_args() -> Result<Args> {
         min_rows: 0,
         validate: false,
         compare: false,
+        explain: false,
     };
     let mut it = std::env::args().skip(1);
     let bad = |what: &str| {
@@ -68,6 +71,7 @@ fn parse_args() -> Result<Args> {
             "--min-rows" => args.min_rows = value()?.parse().map_err(|_| bad("--min-rows"))?,
             "--validate" => args.validate = true,
             "--compare" => args.compare = true,
+            "--explain" => args.explain = true,
             other => return Err(bad(other)),
         }
     }
@@ -128,6 +132,25 @@ async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Re
     ))
 }
 
+/// The GPU joins' lines of EXPLAIN ANALYZE for the query's statements.
+async fn explained_joins(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<Vec<String>> {
+    let mut lines = vec![];
+    for statement in tpch::statements(query, scale_factor)? {
+        if !statement.to_ascii_lowercase().starts_with("select") {
+            ctx.sql(&statement).await?.collect().await?;
+            continue;
+        }
+        let batches = ctx.sql(&format!("EXPLAIN ANALYZE {statement}")).await?.collect().await?;
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
+        lines.extend(
+            text.lines()
+                .filter(|l| l.contains("GpuJoinExec"))
+                .map(|l| l.trim_matches(|c| c == '|' || c == ' ').to_string()),
+        );
+    }
+    Ok(lines)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = parse_args()?;
@@ -180,6 +203,11 @@ async fn main() -> Result<()> {
             }
         }
         println!("{line}\n      {}", placements(&gpu, query, args.scale_factor).await?);
+        if args.explain {
+            for join in explained_joins(&gpu, query, args.scale_factor).await? {
+                println!("      {join}");
+            }
+        }
     }
     if failures.is_empty() {
         Ok(())
