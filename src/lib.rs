@@ -23,6 +23,7 @@
 //! * [`keys`]: join keys normalised to fixed-width integers.
 
 pub mod algorithms;
+mod arrays;
 pub mod backend;
 pub mod config;
 pub mod exec;

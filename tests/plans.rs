@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::JoinType;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -447,4 +447,35 @@ async fn sort_merge_join_order_is_kept_without_its_sorts() {
         }
         assert_eq!(sorted_rows(&actual), sorted_rows(&expected), "{sql}");
     }
+}
+
+/// Strings carried through a chain of joins (TPC-H Q21's supplier names)
+/// come out of every join with as few data buffers as they went in: each
+/// join's output batches share their source's buffers, and the join above
+/// must not repeat them once per batch when it concatenates them.
+#[tokio::test]
+async fn string_views_carried_through_joined_joins_stay_compact() {
+    let config = SessionConfig::new().with_target_partitions(2).with_batch_size(64);
+    let (gpu, cpu) = (gpu_context(config.clone()), datafusion_context(config));
+    for ctx in [&gpu, &cpu] {
+        for sql in [
+            "CREATE TABLE supplier AS SELECT i AS sk, arrow_cast(concat('Supplier#', lpad(CAST(i AS VARCHAR), 12, '0')), 'Utf8View') AS name FROM generate_series(1, 300) t(i)",
+            "CREATE TABLE item AS SELECT i AS ik, i % 300 + 1 AS sk FROM generate_series(1, 6000) t(i)",
+            "CREATE TABLE orders AS SELECT i AS ik, i % 3 AS flag FROM generate_series(1, 6000) t(i)",
+        ] {
+            run(ctx, sql).await;
+        }
+    }
+    let query = "SELECT s.name, o.flag, i2.sk FROM supplier s JOIN item i ON s.sk = i.sk \
+                 JOIN orders o ON i.ik = o.ik JOIN item i2 ON i2.ik = o.ik WHERE o.flag <> 1";
+    let plan = physical_plan_text(&gpu, query).await;
+    assert_eq!(plan.matches("GpuJoinExec").count(), 3, "{plan}");
+    let batches = run(&gpu, query).await;
+    assert_eq!(sorted_rows(&batches), sorted_rows(&run(&cpu, query).await));
+    let buffers = |batches: &[RecordBatch]| -> Vec<usize> {
+        batches.iter().map(|b| b.column(0).as_string_view().data_buffers().len()).collect()
+    };
+    let names: usize = buffers(&run(&cpu, "SELECT name FROM supplier").await).iter().sum();
+    let most = buffers(&batches).into_iter().max().unwrap_or(0);
+    assert!(most <= names, "{most} data buffers in one output batch; the names came in {names}");
 }

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayRef};
-use arrow::compute::{concat, concat_batches};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::{JoinSide, exec_datafusion_err, internal_err};
@@ -20,6 +19,7 @@ use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
+use crate::arrays::{concat_arrays, concat_record_batches};
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
 
@@ -91,7 +91,7 @@ impl HostRows {
     pub fn whole_batch(&self) -> Result<RecordBatch> {
         match self.parts.as_slice() {
             [batch] => Ok(batch.clone()),
-            parts => Ok(concat_batches(&self.schema, parts)?),
+            parts => concat_record_batches(&self.schema, parts),
         }
     }
 }
@@ -209,7 +209,7 @@ impl StagedKeys {
         }
         let columns = self.pieces.first().map_or(0, Vec::len);
         (0..columns)
-            .map(|c| Ok(concat(&self.pieces.iter().map(|keys| keys[c].as_ref()).collect::<Vec<_>>())?))
+            .map(|c| concat_arrays(&self.pieces.iter().map(|keys| keys[c].as_ref()).collect::<Vec<_>>()))
             .collect()
     }
 }

@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayData, ArrayRef, NullArray, make_array};
 use arrow::buffer::MutableBuffer;
-use arrow::compute::concat;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
 use crate::algorithms::HostRows;
+use crate::arrays::concat_arrays;
 use crate::backend::JoinBackend;
 
 /// The batches of one probe chunk, not yet assembled: the copy runs in a
@@ -155,12 +155,12 @@ fn assemble_columns<B: JoinBackend>(
 
 /// One column of a chunk: fixed-width columns without nulls are copied
 /// into place piece by piece in parallel, into the backend's transfer
-/// memory when it has some; others go through arrow's concat.
+/// memory when it has some; others are concatenated by [`concat_arrays`].
 fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
     let data_type = arrays[0].data_type();
     let width = match data_type.primitive_width() {
         Some(w) if data_type.is_primitive() && arrays.iter().all(|a| a.null_count() == 0) => w,
-        _ => return Ok(concat(arrays)?),
+        _ => return concat_arrays(arrays),
     };
     let bytes = rows * width;
     let mut memory = backend.transfer_memory(bytes);
