@@ -10,17 +10,26 @@
 //! every `take` and memory count walked all of them. Here each distinct
 //! buffer is kept once, and an array that uses less than half of the bytes
 //! it holds is compacted, as arrow's own coalescer does.
+//!
+//! The same sharing makes a join's output batches, slices of one large
+//! chunk, look as large as the chunk to whoever counts their memory
+//! (DataFusion's reservations, the `output_bytes` metric); [`owned_slice`]
+//! gives each slice buffers of its own size.
 
 use std::collections::HashMap;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
+use arrow::alloc::Allocation;
 use arrow::array::builder::NullBufferBuilder;
 use arrow::array::{
-    Array, ArrayRef, AsArray, ByteView, GenericByteViewArray, MAX_INLINE_VIEW_LEN, RecordBatch, RecordBatchOptions,
+    Array, ArrayData, ArrayRef, AsArray, ByteView, GenericByteViewArray, MAX_INLINE_VIEW_LEN, MutableArrayData,
+    RecordBatch, RecordBatchOptions, make_array,
 };
-use arrow::buffer::{Buffer, ScalarBuffer};
+use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::compute::concat;
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, SchemaRef, StringViewType};
+use datafusion::common::internal_err;
 use datafusion::error::Result;
 
 /// `arrays` as one array; see the module's documentation for view types.
@@ -43,6 +52,83 @@ pub(crate) fn concat_record_batches(schema: &SchemaRef, batches: &[RecordBatch])
         columns,
         &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
+}
+
+/// Rows `offset..offset + len` of `batch`, each column in buffers that
+/// cover only those rows: fixed-width values are the parent's memory,
+/// re-wrapped (no copy); string views are compacted when they use less
+/// than half of what they hold; other types are copied.
+pub(crate) fn owned_slice(batch: &RecordBatch, offset: usize, len: usize) -> Result<RecordBatch> {
+    let columns =
+        batch.columns().iter().map(|column| owned_rows(&column.slice(offset, len))).collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(len)),
+    )?)
+}
+
+fn owned_rows(slice: &ArrayRef) -> Result<ArrayRef> {
+    let data_type = slice.data_type();
+    match data_type {
+        DataType::Utf8View => return Ok(owned_views::<StringViewType>(slice)),
+        DataType::BinaryView => return Ok(owned_views::<BinaryViewType>(slice)),
+        _ => {}
+    }
+    let data = slice.to_data();
+    let rows = data.len();
+    match (data_type.primitive_width(), data.buffers(), data.child_data().is_empty()) {
+        (Some(width), [values], true) => {
+            let values = owned_bytes(values, data.offset() * width, rows * width)?;
+            let nulls = data.nulls().map(owned_nulls);
+            Ok(make_array(ArrayData::builder(data_type.clone()).len(rows).add_buffer(values).nulls(nulls).build()?))
+        }
+        _ => {
+            let mut copy = MutableArrayData::new(vec![&data], false, rows);
+            copy.try_extend(0, 0, rows)?;
+            Ok(make_array(copy.freeze()))
+        }
+    }
+}
+
+fn owned_views<T: ByteViewType>(slice: &ArrayRef) -> ArrayRef {
+    let array = slice.as_byte_view::<T>();
+    let held: usize = array.data_buffers().iter().map(Buffer::len).sum();
+    if held > 2 * array.total_buffer_bytes_used() {
+        return Arc::new(array.gc());
+    }
+    let views = array.views().inner();
+    let Ok(views) = owned_bytes(views, 0, views.len()) else {
+        return Arc::new(array.gc());
+    };
+    // SAFETY: the views and data buffers are the valid array's own, the
+    // views re-wrapped over the same memory.
+    Arc::new(unsafe {
+        GenericByteViewArray::<T>::new_unchecked(
+            ScalarBuffer::from(views),
+            array.data_buffers().to_vec(),
+            array.nulls().map(owned_nulls),
+        )
+    })
+}
+
+/// `bytes` bytes of `buffer` from `start`, as a buffer of that size that
+/// keeps `buffer` alive.
+fn owned_bytes(buffer: &Buffer, start: usize, bytes: usize) -> Result<Buffer> {
+    if start.checked_add(bytes).is_none_or(|end| end > buffer.len()) {
+        return internal_err!("{bytes} bytes from {start} lie outside a buffer of {} bytes", buffer.len());
+    }
+    let Some(pointer) = NonNull::new(buffer.as_ptr().wrapping_add(start).cast_mut()) else {
+        return internal_err!("a buffer without memory");
+    };
+    let owner: Arc<dyn Allocation> = Arc::new(buffer.clone());
+    // SAFETY: the range lies inside `buffer` (checked above), whose memory
+    // `owner` keeps alive and unchanged as long as the new buffer lives.
+    Ok(unsafe { Buffer::from_custom_allocation(pointer, bytes, owner) })
+}
+
+fn owned_nulls(nulls: &NullBuffer) -> NullBuffer {
+    NullBuffer::new(nulls.iter().collect())
 }
 
 fn concat_views<T: ByteViewType>(arrays: &[&dyn Array]) -> Result<ArrayRef> {
@@ -130,6 +216,40 @@ mod tests {
         assert!(held <= 2 * joined.total_buffer_bytes_used(), "held {held} bytes");
         let expected = [1, 99_998, 50_000, 2, 3].map(|i| Some(format!("Supplier#{i:012}")));
         assert_eq!(joined.iter().map(|v| v.map(str::to_owned)).collect::<Vec<_>>(), expected);
+        Ok(())
+    }
+
+    #[test]
+    fn owned_slices_hold_their_rows_and_count_their_own_bytes() -> Result<()> {
+        use arrow::array::{BooleanArray, Int64Array, StringArray};
+        use arrow::datatypes::{Field, Schema};
+        use datafusion::common::utils::memory::get_record_batch_memory_size;
+
+        let rows = 100_000;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("name", DataType::Utf8View, true),
+            Field::new("text", DataType::Utf8, true),
+            Field::new("mark", DataType::Boolean, true),
+        ]));
+        let keys: Int64Array = (0..rows as i64).map(|i| (i % 5 != 0).then_some(i)).collect();
+        let names = take(&names(3_000), &UInt32Array::from_iter_values((0..rows as u32).map(|i| i % 3_000)), None)?;
+        let text: StringArray = (0..rows).map(|i| (i % 3 != 0).then(|| format!("row {i}"))).collect();
+        let mark: BooleanArray = (0..rows).map(|i| (i % 7 != 0).then_some(i % 2 == 0)).collect();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(keys), names, Arc::new(text), Arc::new(mark)],
+        )?;
+        let whole = get_record_batch_memory_size(&batch);
+        let (mut counted, mut offset) = (0, 0);
+        for len in [1, 8_191, 8_192, 33_333, 50_283] {
+            let slice = owned_slice(&batch, offset, len)?;
+            assert_eq!(slice, batch.slice(offset, len), "rows {offset}..{}", offset + len);
+            counted += get_record_batch_memory_size(&slice);
+            offset += len;
+        }
+        assert_eq!(offset, rows);
+        assert!(counted < 2 * whole, "slices count {counted} bytes, the batch {whole}");
         Ok(())
     }
 

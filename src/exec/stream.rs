@@ -41,6 +41,7 @@ use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
     BuildSide, HostRows, LoadedChunk, Settle, finish_build_side, join_loaded_chunk, load_probe_chunk,
 };
+use crate::arrays::owned_slice;
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
@@ -716,7 +717,19 @@ impl<'a> OutputSender<'a> {
             if len == 0 {
                 break;
             }
-            let slice = batch.slice(offset, len).record_output(&self.inputs.metrics.baseline);
+            // A slice of a chunk would count the whole chunk's memory.
+            let slice = match len == batch.num_rows() {
+                true => batch.clone(),
+                false => match owned_slice(&batch, offset, len) {
+                    Ok(slice) => slice,
+                    Err(e) => {
+                        // Best effort: the consumer ends the stream on it.
+                        let _ = self.tx.send(Err(e)).await;
+                        return false;
+                    }
+                },
+            }
+            .record_output(&self.inputs.metrics.baseline);
             offset += len;
             if let Some(remaining) = self.remaining.as_mut() {
                 *remaining -= len;
