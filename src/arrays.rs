@@ -236,10 +236,8 @@ mod tests {
         let names = take(&names(3_000), &UInt32Array::from_iter_values((0..rows as u32).map(|i| i % 3_000)), None)?;
         let text: StringArray = (0..rows).map(|i| (i % 3 != 0).then(|| format!("row {i}"))).collect();
         let mark: BooleanArray = (0..rows).map(|i| (i % 7 != 0).then_some(i % 2 == 0)).collect();
-        let batch = RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![Arc::new(keys), names, Arc::new(text), Arc::new(mark)],
-        )?;
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys), names, Arc::new(text), Arc::new(mark)])?;
         let whole = get_record_batch_memory_size(&batch);
         let (mut counted, mut offset) = (0, 0);
         for len in [1, 8_191, 8_192, 33_333, 50_283] {
