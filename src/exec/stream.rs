@@ -278,7 +278,7 @@ async fn join_partition<B: JoinBackend>(
                 let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
                 let mut wanted = true;
                 while let (true, Some(batch)) = (wanted, batches.next().await) {
-                    wanted = output.send(batch?).await;
+                    wanted = output.send(batch?).await?;
                 }
                 wanted
             }
@@ -304,7 +304,7 @@ async fn join_partition<B: JoinBackend>(
             run_blocking("emitting build-side rows", move || finish_build_side(&backend, &definition, &build, &timers))
                 .await?;
         if let Some(rows) = rows {
-            output.send(rows).await;
+            output.send(rows).await?;
         }
     }
     Ok(())
@@ -522,12 +522,12 @@ async fn join_chunks<B: JoinBackend>(
         // held while the output waits for its consumer.
         let joined = async { join_chunk(partition, &backend, &partition.build().await?, chunk).await };
         let (joined, sent) = futures::join!(joined, output.send_all(std::mem::take(&mut previous)));
-        if !sent {
+        if !sent? {
             return Ok(false);
         }
         previous = joined?;
     }
-    Ok(output.send_all(previous).await)
+    output.send_all(previous).await
 }
 
 /// The output of one chunk: joined on the device, retried alone and then in
@@ -657,7 +657,7 @@ async fn join_partition_in_key_order<B: JoinBackend>(
         };
         match load_and_join(partition, &backend, build, chunk.clone(), Settle::KeyOrder).await {
             Ok(batch) => {
-                output.send(batch).await;
+                output.send(batch).await?;
                 return Ok(());
             }
             Err(e) if is_out_of_memory(&e) => {
@@ -678,7 +678,7 @@ async fn join_partition_in_key_order<B: JoinBackend>(
     .await?;
     let join = partition.join;
     let batches = join_partition_on_cpu(&join.twin, &join.definition, &build, probe, context, error).await?;
-    output.send_all(batches).await;
+    output.send_all(batches).await?;
     Ok(())
 }
 
@@ -696,18 +696,18 @@ impl<'a> OutputSender<'a> {
         Self { tx, batch_size, remaining: inputs.fetch, inputs }
     }
 
-    async fn send_all(&mut self, batches: Vec<RecordBatch>) -> bool {
+    async fn send_all(&mut self, batches: Vec<RecordBatch>) -> Result<bool> {
         for batch in batches {
-            if !self.send(batch).await {
-                return false;
+            if !self.send(batch).await? {
+                return Ok(false);
             }
         }
-        self.remaining != Some(0)
+        Ok(self.remaining != Some(0))
     }
 
     /// False once no more output is wanted: the fetch is reached or the
     /// consumer has gone (the query was cancelled).
-    async fn send(&mut self, batch: RecordBatch) -> bool {
+    async fn send(&mut self, batch: RecordBatch) -> Result<bool> {
         let mut offset = 0;
         while offset < batch.num_rows() {
             let mut len = self.batch_size.min(batch.num_rows() - offset);
@@ -720,14 +720,7 @@ impl<'a> OutputSender<'a> {
             // A slice of a chunk would count the whole chunk's memory.
             let slice = match len == batch.num_rows() {
                 true => batch.clone(),
-                false => match owned_slice(&batch, offset, len) {
-                    Ok(slice) => slice,
-                    Err(e) => {
-                        // Best effort: the consumer ends the stream on it.
-                        let _ = self.tx.send(Err(e)).await;
-                        return false;
-                    }
-                },
+                false => owned_slice(&batch, offset, len)?,
             }
             .record_output(&self.inputs.metrics.baseline);
             offset += len;
@@ -735,9 +728,9 @@ impl<'a> OutputSender<'a> {
                 *remaining -= len;
             }
             if self.tx.send(Ok(slice)).await.is_err() {
-                return false;
+                return Ok(false);
             }
         }
-        self.remaining != Some(0)
+        Ok(self.remaining != Some(0))
     }
 }
