@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N]
-//!     [--validate] [--compare] [--explain]
+//!     [--validate] [--compare] [--explain] [--set NAME=VALUE ...]
 //! ```
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
@@ -17,10 +17,13 @@
 //! against the official answers (scale factor 1 only); `--compare` also
 //! runs each query on DataFusion alone and checks that the rows are the
 //! same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
-//! strategy, the reason, and its metrics).
+//! strategy, the reason, and its metrics). `--set` sets another of the GPU
+//! join's options (`gpu_join.NAME`, see docs/configuration.md), for
+//! instance `--set probe_device_gather_ratio=0`.
 
 use std::time::{Duration, Instant};
 
+use datafusion::config::ExtensionOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -37,6 +40,8 @@ struct Args {
     validate: bool,
     compare: bool,
     explain: bool,
+    /// Other `gpu_join` options, by name without the prefix.
+    settings: Vec<(String, String)>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -50,6 +55,7 @@ fn parse_args() -> Result<Args> {
         validate: false,
         compare: false,
         explain: false,
+        settings: vec![],
     };
     let mut it = std::env::args().skip(1);
     let bad = |what: &str| {
@@ -72,20 +78,28 @@ fn parse_args() -> Result<Args> {
             "--validate" => args.validate = true,
             "--compare" => args.compare = true,
             "--explain" => args.explain = true,
+            "--set" => {
+                let setting = value()?;
+                let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
+                args.settings.push((name.trim().to_string(), value.trim().to_string()));
+            }
             other => return Err(bad(other)),
         }
     }
     Ok(args)
 }
 
-fn session(args: &Args, gpu: bool) -> SessionContext {
+fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
     let mut options = GpuJoinConfig::default();
     options.enabled = gpu;
     options.backend = args.backend;
     options.min_rows = args.min_rows;
+    for (name, value) in &args.settings {
+        options.set(name, value)?;
+    }
     let config = SessionConfig::new().with_target_partitions(args.partitions).with_option_extension(options);
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
-    SessionContext::new_with_state(state)
+    Ok(SessionContext::new_with_state(state))
 }
 
 /// Median time of `iterations` runs after one warm-up run.
@@ -166,9 +180,9 @@ async fn main() -> Result<()> {
         ));
     }
     let start = Instant::now();
-    let gpu = session(&args, true);
+    let gpu = session(&args, true)?;
     tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
-    let cpu = session(&args, false);
+    let cpu = session(&args, false)?;
     if args.compare {
         tpch::register_tables(&cpu, args.scale_factor, args.partitions)?;
     }

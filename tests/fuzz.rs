@@ -173,6 +173,8 @@ struct Case {
     materialization: MaterializationChoice,
     batch_size: usize,
     probe_chunk_rows: usize,
+    /// Chunks' columns uploaded always (0), once enough rows matched, or never.
+    probe_device_gather_ratio: f64,
     left: (SchemaRef, Vec<Vec<RecordBatch>>),
     right: (SchemaRef, Vec<Vec<RecordBatch>>),
 }
@@ -184,7 +186,7 @@ impl std::fmt::Debug for Case {
         write!(
             f,
             "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={}, \
-             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, {} build rows, {} probe rows",
+             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, {} build rows, {} probe rows",
             self.seed,
             self.seed,
             self.join_type,
@@ -199,6 +201,7 @@ impl std::fmt::Debug for Case {
             self.materialization,
             self.batch_size,
             self.probe_chunk_rows,
+            self.probe_device_gather_ratio,
             rows(&self.left),
             rows(&self.right),
         )
@@ -316,6 +319,7 @@ fn random_case(seed: u64) -> Case {
         .expect("non-empty"),
         batch_size: *[1, 3, 50, 8192].choose(&mut rng).expect("non-empty"),
         probe_chunk_rows: *[1, 10, 64, 1 << 20].choose(&mut rng).expect("non-empty"),
+        probe_device_gather_ratio: *[0.0, 0.25, f64::INFINITY].choose(&mut rng).expect("non-empty"),
         left,
         right,
     }
@@ -389,6 +393,7 @@ async fn run_case(case: &Case) -> Result<(), String> {
     options.algorithm = case.algorithm;
     options.materialization = case.materialization;
     options.probe_chunk_rows = case.probe_chunk_rows;
+    options.probe_device_gather_ratio = case.probe_device_gather_ratio;
     let gpu = GpuJoinExec::try_new(&hash_join(case), test_backend(), &options, ReplacedOperator::HashJoin)
         .map_err(|e| e.to_string())?;
     let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
@@ -505,6 +510,7 @@ async fn run_ordered_case(case: &Case, rng: &mut StdRng) -> Result<bool, String>
     };
     let mut gpu_options = test_options();
     gpu_options.materialization = case.materialization;
+    gpu_options.probe_device_gather_ratio = case.probe_device_gather_ratio;
     let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(gpu_options);
     let smj = Arc::new(sort_merge_join(case, &options).map_err(|e| e.to_string())?);
     let promised = smj.properties().output_ordering().cloned();

@@ -479,3 +479,74 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
     let most = buffers(&batches).into_iter().max().unwrap_or(0);
     assert!(most <= names, "{most} data buffers in one output batch; the names came in {names}");
 }
+
+/// A probe chunk's output columns are uploaded only once the join's chunks
+/// so far gave enough output rows per probe row: a join of which few probe
+/// rows match takes them on the host for every chunk, one of which all
+/// match uploads them after its first chunks, and a ratio of 0 always
+/// uploads them. Every way gives DataFusion's rows.
+#[tokio::test]
+async fn probe_columns_go_to_the_device_only_once_enough_rows_match() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("p", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    let side = |keys: Vec<Option<i64>>| {
+        let rows = keys.len() as i64;
+        let names: StringArray = (0..rows).map(|i| Some(format!("row {i}"))).collect();
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from(keys)), Arc::new(Int64Array::from_iter_values(0..rows)), Arc::new(names)],
+        )
+        .unwrap()
+    };
+    let (chunk_rows, chunks) = (50i64, 40usize);
+    let probe_keys: Vec<Option<i64>> = (0..chunk_rows * chunks as i64).map(|i| (i % 13 != 0).then_some(i)).collect();
+    let probe: Vec<RecordBatch> = probe_keys.chunks(70).map(|keys| side(keys.to_vec())).collect();
+    // Three build keys match one probe row each; keys % 20 match every
+    // probe row whose key is not NULL.
+    let few = side(vec![Some(1), Some(500), Some(1999), Some(-4)]);
+    let all = side((0..20).map(Some).collect());
+    let all_probe: Vec<RecordBatch> = probe_keys
+        .chunks(70)
+        .map(|keys| side(keys.iter().map(|k| k.map(|k| k % 20)).collect()))
+        .collect();
+    for (name, build, probe, ratio, on_host) in [
+        ("few match", &few, &probe, 0.25, chunks..=chunks),
+        ("all match", &all, &all_probe, 0.25, 1..=chunks - 1),
+        ("all match, always uploaded", &all, &all_probe, 0.0, 0..=0),
+        ("all match, never uploaded", &all, &all_probe, f64::INFINITY, chunks..=chunks),
+    ] {
+        let join = |options: &GpuJoinConfig| {
+            let build = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], Arc::clone(&schema), None).unwrap();
+            let probe = MemorySourceConfig::try_new_exec(std::slice::from_ref(probe), Arc::clone(&schema), None).unwrap();
+            let join = HashJoinExec::try_new(
+                build,
+                probe,
+                vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
+                None,
+                &JoinType::Inner,
+                None,
+                PartitionMode::CollectLeft,
+                datafusion::common::NullEquality::NullEqualsNothing,
+                false,
+            )
+            .unwrap();
+            (GpuJoinExec::try_new(&join, test_backend(), options, ReplacedOperator::HashJoin).unwrap(), join)
+        };
+        let mut options = test_options();
+        (options.probe_chunk_rows, options.probe_device_gather_ratio) = (chunk_rows as usize, ratio);
+        let (gpu, reference) = join(&options);
+        let gpu = Arc::new(gpu);
+        let config = SessionConfig::new().with_batch_size(64).with_option_extension(options);
+        let task = SessionContext::new_with_config(config).task_ctx();
+        let batches = collect(Arc::clone(&gpu) as Arc<dyn ExecutionPlan>, Arc::clone(&task)).await.unwrap();
+        let expected = collect(Arc::new(reference), task).await.unwrap();
+        assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "{name}");
+        assert!(total_rows(&batches) > 0, "{name}");
+        let metrics = gpu.metrics().unwrap();
+        let taken = metrics.sum_by_name("probe_chunks_on_host").map_or(0, |m| m.as_usize());
+        assert!(on_host.contains(&taken), "{name}: {taken} of {chunks} chunks on the host, expected {on_host:?}");
+    }
+}

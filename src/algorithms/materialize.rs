@@ -2,15 +2,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanArray, RecordBatchOptions, UInt32Array, new_null_array};
-use arrow::compute::take;
+use arrow::array::{ArrayRef, BooleanArray, RecordBatchOptions, new_null_array};
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{internal_datafusion_err, internal_err};
+use datafusion::common::internal_err;
 use datafusion::error::Result;
 
 use super::JoinDefinition;
 use super::OutputColumn;
+use super::host_rows::TakenRows;
 use super::semantics::{OutputRows, SideRows};
 use super::side::{ColumnPlacement, SideView};
 use crate::backend::{JoinBackend, positions_to_indices};
@@ -57,12 +57,12 @@ pub(crate) fn output_batch<B: JoinBackend>(
 struct SideGather<'a, 'v, B: JoinBackend> {
     view: &'a SideView<'v, B>,
     rows: &'a SideRows<B>,
-    host_indices: Option<UInt32Array>,
+    on_host: Option<TakenRows<'v>>,
 }
 
 impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
     fn new(view: &'a SideView<'v, B>, rows: &'a SideRows<B>) -> Self {
-        Self { view, rows, host_indices: None }
+        Self { view, rows, on_host: None }
     }
 
     fn column(&mut self, backend: &B, index: usize, data_type: &DataType, len: usize) -> Result<ArrayRef> {
@@ -78,13 +78,14 @@ impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
                 backend.download_column(&backend.gather_column(column, positions, *may_hold_nulls)?)
             }
             Some(ColumnPlacement::Host) => {
-                if self.host_indices.is_none() {
-                    let rows = self.view.original_rows(backend, positions)?;
-                    self.host_indices = Some(positions_to_indices(&rows));
-                }
-                let indices =
-                    self.host_indices.as_ref().ok_or_else(|| internal_datafusion_err!("host rows missing"))?;
-                Ok(take(self.view.batch.column(index).as_ref(), indices, None)?)
+                let on_host = match self.on_host.as_mut() {
+                    Some(on_host) => on_host,
+                    None => {
+                        let rows = positions_to_indices(&self.view.original_rows(backend, positions)?);
+                        self.on_host.insert(TakenRows::new(self.view.rows, rows)?)
+                    }
+                };
+                on_host.column(index)
             }
             None => internal_err!("output column {index} was not placed"),
         }

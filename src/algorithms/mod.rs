@@ -13,6 +13,7 @@
 
 pub mod choice;
 mod definition;
+mod host_rows;
 mod materialize;
 mod phases;
 mod pipeline;
@@ -22,8 +23,9 @@ mod side;
 mod strategy;
 
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
+pub use host_rows::HostRows;
 pub use pipeline::{
-    BuildSide, HostRows, LoadedChunk, PhaseTimers, Settle, evaluate_keys, finish_build_side, join_loaded_chunk,
-    load_probe_chunk, prepare_build_side,
+    BuildSide, LoadedChunk, PhaseTimers, Settle, evaluate_keys, finish_build_side, join_loaded_chunk, load_probe_chunk,
+    prepare_build_side,
 };
 pub use strategy::{Algorithm, Strategy};

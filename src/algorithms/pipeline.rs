@@ -1,11 +1,10 @@
 //! The join pipeline: prepare the build side once, join each probe chunk,
 //! then emit what the build side owes once the probe side is exhausted.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayRef};
-use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::{JoinSide, exec_datafusion_err, internal_err};
 use datafusion::error::Result;
@@ -14,12 +13,13 @@ use datafusion::physical_plan::metrics::Time;
 
 use super::JoinDefinition;
 use super::choice::{self, Choice};
+use super::host_rows::HostRows;
 use super::materialize::output_batch;
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
-use crate::arrays::{concat_arrays, concat_record_batches};
+use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
 
@@ -50,48 +50,6 @@ impl NullAwareState {
         ProbeSummary {
             non_empty: self.probe_non_empty.load(Ordering::Relaxed),
             has_null_key: self.probe_has_null_key.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// A side's rows on the host (the build side, or a probe chunk).
-#[derive(Clone)]
-pub struct HostRows {
-    /// The side's input schema.
-    schema: SchemaRef,
-    /// The batches the rows came in, in order; at least one.
-    parts: Vec<RecordBatch>,
-    /// The rows as one batch, holding the columns the join reads besides
-    /// its keys ([`JoinDefinition::read_columns`]); the others are `Null`
-    /// placeholders. Key columns are read from `parts`.
-    assembled: RecordBatch,
-}
-
-impl HostRows {
-    /// Rows that came in `parts`, with their read columns `assembled`.
-    pub fn new(schema: SchemaRef, mut parts: Vec<RecordBatch>, assembled: RecordBatch) -> Self {
-        if parts.is_empty() {
-            parts.push(RecordBatch::new_empty(Arc::clone(&schema)));
-        }
-        Self { schema, parts, assembled }
-    }
-
-    /// Rows that are one batch.
-    pub fn whole(batch: RecordBatch) -> Self {
-        Self { schema: batch.schema(), parts: vec![batch.clone()], assembled: batch }
-    }
-
-    pub fn rows(&self) -> usize {
-        self.assembled.num_rows()
-    }
-
-    /// Every column of the rows as one batch, for the paths that hand the
-    /// rows on (retries, DataFusion's operator); a copy unless the rows are
-    /// one batch.
-    pub fn whole_batch(&self) -> Result<RecordBatch> {
-        match self.parts.as_slice() {
-            [batch] => Ok(batch.clone()),
-            parts => concat_record_batches(&self.schema, parts),
         }
     }
 }
@@ -140,7 +98,7 @@ impl<B: JoinBackend> BuildSide<B> {
             KeyedRelation::U64(r) => (r.row_ids.as_ref(), r.payloads.as_slice()),
         };
         SideView {
-            batch: &self.rows.assembled,
+            rows: &self.rows,
             keys: &self.keys,
             space: self.choice.strategy.build_space,
             row_ids,
@@ -240,7 +198,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     timers: &PhaseTimers,
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
-    let staged_keys = StagedKeys::evaluate(&definition.build_keys, &rows.parts)?;
+    let staged_keys = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
     let ranges = match ranges {
         Some(ranges) => ranges.clone(),
         None => KeyRanges::of_pieces(&staged_keys.pieces),
@@ -259,7 +217,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     })?;
     let strategy = choice.strategy;
     let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &rows.assembled, &definition.build_output_columns(), strategy.build_space)?;
+        place_columns(backend, &rows, &definition.build_output_columns(), strategy.build_space)?;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
@@ -345,7 +303,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     timers: &PhaseTimers,
 ) -> Result<LoadedChunk<B>> {
     let _timer = timers.transform.timer();
-    let keys = StagedKeys::evaluate(&definition.probe_keys, &chunk.parts)?;
+    let keys = StagedKeys::evaluate(&definition.probe_keys, chunk.parts())?;
     // Probe order is kept by matching in original probe rows, then
     // ordering the pairs by them.
     let keep_probe_order = definition.keeps_probe_order(chunk.rows());
@@ -379,7 +337,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     }
     // Columns first: their transfers run while the keys are encoded.
     let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &loaded.chunk.assembled, &definition.probe_output_columns(), space)?;
+        place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), space)?;
     loaded.keys = Some(upload_keys(backend, &build.probe_encoder, &keys)?);
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
@@ -444,7 +402,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     let timer = timers.matching.timer();
     let build_view = build.view();
     let probe_view = SideView {
-        batch: &chunk.chunk.assembled,
+        rows: &chunk.chunk,
         keys: &chunk.key_arrays,
         space: chunk.space,
         row_ids: probe_relation.row_ids.as_ref(),

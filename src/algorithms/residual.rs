@@ -3,13 +3,13 @@
 //! join type's semantics, so a pair that fails either counts as unmatched.
 
 use arrow::array::{Array, AsArray, RecordBatchOptions, UInt32Array};
-use arrow::compute::take;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::{JoinSide, internal_err};
 use datafusion::error::Result;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 
 use super::JoinDefinition;
+use super::host_rows::{HostRows, TakenRows};
 use super::side::SideView;
 use crate::backend::{Candidates, JoinBackend};
 use crate::keys::{KeyExactness, verify_candidates};
@@ -45,7 +45,7 @@ pub(crate) fn apply<B: JoinBackend>(
         verify_candidates(build.keys, probe.keys, &build_rows, &probe_rows, definition.null_equality, &mut keep)?;
     }
     if let Some(filter) = &definition.filter {
-        apply_filter(filter, build.batch, probe.batch, &build_rows, &probe_rows, &mut keep)?;
+        apply_filter(filter, build.rows, probe.rows, &build_rows, &probe_rows, &mut keep)?;
     }
     if keep.iter().all(|k| *k) {
         return Ok(candidates);
@@ -62,8 +62,8 @@ pub(crate) fn apply<B: JoinBackend>(
 /// side's rows are empty when the filter does not read that side.
 fn apply_filter(
     filter: &JoinFilter,
-    build_batch: &RecordBatch,
-    probe_batch: &RecordBatch,
+    build_side: &HostRows,
+    probe_side: &HostRows,
     build_rows: &[u32],
     probe_rows: &[u32],
     keep: &mut [bool],
@@ -76,17 +76,15 @@ fn apply_filter(
                 false => slice.iter().map(|&i| rows[i]).collect(),
             }
         };
-        let (build_indices, probe_indices) = (rows_of(build_rows), rows_of(probe_rows));
+        let mut build = TakenRows::new(build_side, rows_of(build_rows))?;
+        let mut probe = TakenRows::new(probe_side, rows_of(probe_rows))?;
         let columns = filter
             .column_indices()
             .iter()
-            .map(|column| {
-                let (batch, indices) = match column.side {
-                    JoinSide::Left => (build_batch, &build_indices),
-                    JoinSide::Right => (probe_batch, &probe_indices),
-                    JoinSide::None => return internal_err!("join filter reads the mark column"),
-                };
-                Ok(take(batch.column(column.index).as_ref(), indices, None)?)
+            .map(|column| match column.side {
+                JoinSide::Left => build.column(column.index),
+                JoinSide::Right => probe.column(column.index),
+                JoinSide::None => internal_err!("join filter reads the mark column"),
             })
             .collect::<Result<Vec<_>>>()?;
         let intermediate = RecordBatch::try_new_with_options(

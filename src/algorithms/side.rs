@@ -1,10 +1,10 @@
 //! One side of a join as the match and materialize phases see it.
 
 use arrow::array::ArrayRef;
-use arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 
+use super::host_rows::HostRows;
 use crate::backend::{JoinBackend, Space};
 
 /// Where one column of a side is read from when the output is materialized.
@@ -13,8 +13,8 @@ pub(crate) enum ColumnPlacement<C> {
     Transformed(usize),
     /// An untransformed copy in backend memory, gathered by row (GFUR).
     Device(C),
-    /// The host batch, gathered with Arrow's `take` from row ids: types the
-    /// backend does not hold.
+    /// The host rows, taken from row ids: types the backend does not hold,
+    /// and columns the join keeps on the host.
     Host,
 }
 
@@ -29,20 +29,22 @@ pub(crate) struct PlacedColumns<C> {
     pub to_transform: Vec<C>,
 }
 
-/// Decides where each needed column of a side lives and uploads it.
+/// Decides where each needed column of a side lives and uploads it: the
+/// columns assembled whole for the backend, where it holds their type.
 pub(crate) fn place_columns<B: JoinBackend>(
     backend: &B,
-    batch: &RecordBatch,
+    rows: &HostRows,
     columns: &[usize],
     space: Space,
 ) -> Result<PlacedColumns<B::Column>> {
-    let mut placements: Placements<B::Column> = (0..batch.num_columns()).map(|_| None).collect();
+    let mut placements: Placements<B::Column> = (0..rows.columns()).map(|_| None).collect();
     let mut to_transform = vec![];
     for &i in columns {
-        let column = batch.column(i);
-        placements[i] = Some(if !backend.holds_column(column.data_type()) {
-            ColumnPlacement::Host
-        } else if space == Space::Transformed {
+        let Some(column) = rows.whole_column(i).filter(|c| backend.holds_column(c.data_type())) else {
+            placements[i] = Some(ColumnPlacement::Host);
+            continue;
+        };
+        placements[i] = Some(if space == Space::Transformed {
             to_transform.push(backend.upload_column(column)?);
             ColumnPlacement::Transformed(to_transform.len() - 1)
         } else {
@@ -58,8 +60,8 @@ pub(crate) fn has_host_columns<C>(placements: &[Option<ColumnPlacement<C>>]) -> 
 }
 
 pub(crate) struct SideView<'a, B: JoinBackend> {
-    /// The side's rows on the host: every column the join reads there.
-    pub batch: &'a RecordBatch,
+    /// The side's rows on the host.
+    pub rows: &'a HostRows,
     /// The key columns whole: always for the build side, for a probe chunk
     /// only where candidates are verified against them.
     pub keys: &'a [ArrayRef],

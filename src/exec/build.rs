@@ -31,6 +31,7 @@ use super::chosen::ChosenStrategies;
 use super::fallback::{hash_join_over, in_key_order};
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_by_pass};
+use super::probe_yield::ProbeYield;
 use super::runner::PartitionInputs;
 use super::staging::{assemble_rows, concat_in_parallel};
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
@@ -81,6 +82,8 @@ pub(crate) struct DeviceJoin<B: JoinBackend> {
     pub twin: Arc<HashJoinExec>,
     /// Where the strategies of its build sides are recorded.
     pub chosen: Arc<ChosenStrategies>,
+    /// The output rows its probe chunks gave so far.
+    pub probe_yield: ProbeYield,
 }
 
 /// What the task placing a build side takes from the partition that

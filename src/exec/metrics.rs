@@ -20,6 +20,9 @@ pub(crate) struct GpuJoinMetrics {
     pub build_prepare_time: Time,
     /// Assembling DataFusion's probe batches into chunks on the host.
     pub probe_staging_time: Time,
+    /// Probe chunks whose output columns stayed on the host, taken there
+    /// for the matched rows only (see `gpu_join.probe_device_gather_ratio`).
+    pub probe_chunks_on_host: Count,
     /// Waiting for the device's admission.
     pub admission_wait_time: Time,
     /// Passes the build side was split into (0 when it fit at once).
@@ -41,6 +44,7 @@ impl GpuJoinMetrics {
             build_collect_time: time("build_collect_time"),
             build_prepare_time: time("build_prepare_time"),
             probe_staging_time: time("probe_staging_time"),
+            probe_chunks_on_host: count("probe_chunks_on_host"),
             admission_wait_time: time("admission_wait_time"),
             build_passes: count("build_passes"),
             phases: PhaseTimers {

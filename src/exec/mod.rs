@@ -13,6 +13,7 @@ mod fallback;
 mod key_order;
 mod metrics;
 mod passes;
+mod probe_yield;
 mod runner;
 mod staging;
 mod stream;

@@ -21,6 +21,7 @@ use tokio::sync::OnceCell;
 use super::build::{DeviceJoin, PendingBuild};
 use super::chosen::ChosenStrategies;
 use super::metrics::GpuJoinMetrics;
+use super::probe_yield::ProbeYield;
 use super::stream::run_partition;
 use crate::algorithms::JoinDefinition;
 use crate::backend::cuda::CudaBackend;
@@ -51,11 +52,12 @@ pub(crate) fn runner_for(
     chosen: Arc<ChosenStrategies>,
 ) -> Arc<dyn JoinRunner> {
     match backend {
-        BackendHandle::Cpu => {
-            Arc::new(Runner::<CpuBackend>::new(DeviceJoin { device: (), definition, twin, chosen }, probe_partitions))
-        }
+        BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new(
+            DeviceJoin { device: (), definition, twin, chosen, probe_yield: ProbeYield::default() },
+            probe_partitions,
+        )),
         BackendHandle::Cuda(device) => Arc::new(Runner::<CudaBackend>::new(
-            DeviceJoin { device: Arc::clone(device), definition, twin, chosen },
+            DeviceJoin { device: Arc::clone(device), definition, twin, chosen, probe_yield: ProbeYield::default() },
             probe_partitions,
         )),
     }

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayData, ArrayRef, NullArray, make_array};
+use arrow::array::{Array, ArrayData, ArrayRef, make_array, new_empty_array};
 use arrow::buffer::MutableBuffer;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 use rayon::prelude::*;
@@ -25,9 +25,10 @@ pub(super) struct StagedChunk {
 }
 
 impl StagedChunk {
-    /// The chunk's rows, assembled for `backend` (see [`assemble_rows`]).
-    pub fn assemble<B: JoinBackend>(self, backend: &B, read_columns: &[usize]) -> Result<HostRows> {
-        assemble_rows(backend, self.schema, self.batches, self.rows, read_columns)
+    /// The chunk's rows, with the columns in `whole` assembled for
+    /// `backend` (see [`assemble_rows`]).
+    pub fn assemble<B: JoinBackend>(self, backend: &B, whole: &[usize]) -> Result<HostRows> {
+        assemble_rows(backend, self.schema, self.batches, self.rows, whole)
     }
 }
 
@@ -87,21 +88,18 @@ pub(super) fn held_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
-/// The `rows` rows of `batches`, with the columns the join reads besides
-/// its keys (`read_columns`) assembled for `backend`; copies unless they
-/// are one batch.
+/// The `rows` rows of `batches`, with the columns in `whole` assembled for
+/// `backend` (copies unless they are one batch); the others stay in the
+/// batches they came in.
 pub(crate) fn assemble_rows<B: JoinBackend>(
     backend: &B,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
     rows: usize,
-    read_columns: &[usize],
+    whole: &[usize],
 ) -> Result<HostRows> {
-    if let [batch] = batches.as_slice() {
-        return Ok(HostRows::whole(batch.clone()));
-    }
-    let assembled = assemble_columns(backend, &schema, &batches, rows, Some(read_columns))?;
-    Ok(HostRows::new(schema, batches, assembled))
+    let columns = assemble_columns(backend, &schema, &batches, rows, whole)?;
+    Ok(HostRows::new(schema, batches, columns))
 }
 
 /// `batches` as one batch of `rows` rows, bound for `backend`.
@@ -111,46 +109,45 @@ pub(crate) fn concat_in_parallel<B: JoinBackend>(
     batches: &[RecordBatch],
     rows: usize,
 ) -> Result<RecordBatch> {
-    assemble_columns(backend, schema, batches, rows, None)
-}
-
-/// `batches` as one batch of `rows` rows, bound for `backend`, with only
-/// the columns in `columns` (all when `None`) copied; the others are `Null`
-/// placeholders, of a `Null` field in the batch's schema.
-fn assemble_columns<B: JoinBackend>(
-    backend: &B,
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-    rows: usize,
-    columns: Option<&[usize]>,
-) -> Result<RecordBatch> {
     match batches {
         [] => return Ok(RecordBatch::new_empty(Arc::clone(schema))),
         [batch] => return Ok(batch.clone()),
         _ => {}
     }
-    let copied = |i: usize| columns.is_none_or(|columns| columns.contains(&i));
-    let arrays = (0..schema.fields().len())
+    let every: Vec<usize> = (0..schema.fields().len()).collect();
+    let columns = assemble_columns(backend, schema, batches, rows, &every)?.into_iter().flatten().collect();
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
+}
+
+/// Per column of `schema`: the column whole where it is in `columns`,
+/// concatenated in parallel unless `batches` are one batch.
+fn assemble_columns<B: JoinBackend>(
+    backend: &B,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    rows: usize,
+    columns: &[usize],
+) -> Result<Vec<Option<ArrayRef>>> {
+    (0..schema.fields().len())
         .into_par_iter()
         .map(|i| {
-            if !copied(i) {
-                return Ok(Arc::new(NullArray::new(rows)) as ArrayRef);
+            if !columns.contains(&i) {
+                return Ok(None);
             }
-            let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
-            concat_column(backend, &arrays, rows)
+            match batches {
+                [] => Ok(Some(new_empty_array(schema.field(i).data_type()))),
+                [batch] => Ok(Some(Arc::clone(batch.column(i)))),
+                _ => {
+                    let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
+                    concat_column(backend, &arrays, rows).map(Some)
+                }
+            }
         })
-        .collect::<Result<Vec<_>>>()?;
-    let schema = match columns {
-        None => Arc::clone(schema),
-        Some(_) => {
-            let fields = schema.fields().iter().enumerate().map(|(i, field)| match copied(i) {
-                true => Arc::clone(field),
-                false => Arc::new(Field::new(field.name(), DataType::Null, true)),
-            });
-            Arc::new(Schema::new_with_metadata(fields.collect::<Vec<_>>(), schema.metadata().clone()))
-        }
-    };
-    Ok(RecordBatch::try_new_with_options(schema, arrays, &RecordBatchOptions::new().with_row_count(Some(rows)))?)
+        .collect()
 }
 
 /// One column of a chunk: fixed-width columns without nulls are copied

@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{JoinSide, exec_datafusion_err, internal_datafusion_err, internal_err};
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
@@ -481,8 +481,18 @@ async fn assemble_chunk<B: JoinBackend>(
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let _staging = inputs.metrics.probe_staging_time.timer();
-    let (backend, columns) = (backend.clone(), partition.join.definition.read_columns(JoinSide::Right));
-    run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &columns)).await
+    // Only the columns uploaded are assembled: the rest are taken on the
+    // host from the batches they came in.
+    let schema = inputs.right.schema();
+    let mut to_device = partition.join.definition.probe_output_columns();
+    to_device.retain(|&i| schema.fields().get(i).is_some_and(|f| backend.holds_column(f.data_type())));
+    let ratio = partition.options.probe_device_gather_ratio;
+    if !to_device.is_empty() && !partition.join.probe_yield.columns_to_device(ratio) {
+        inputs.metrics.probe_chunks_on_host.add(1);
+        to_device.clear();
+    }
+    let backend = backend.clone();
+    run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &to_device)).await
 }
 
 /// Loads a probe chunk, in one blocking job; a chunk that runs out of
@@ -545,7 +555,10 @@ async fn join_chunk<B: JoinBackend>(
             let chunk = loaded.chunk().clone();
             let permit = partition.admitted().await?;
             match join_loaded(partition, backend, build, loaded, Settle::ProbeChunk).await {
-                Ok(output) => return Ok(vec![output]),
+                Ok(output) => {
+                    join.probe_yield.record(chunk.rows(), output.num_rows());
+                    return Ok(vec![output]);
+                }
                 Err(e) if is_out_of_memory(&e) => {
                     drop(permit);
                     (chunk, e)
