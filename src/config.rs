@@ -221,11 +221,10 @@ extensions_options! {
         pub pinned_pool_bytes: usize, default = 8 << 30
         /// Probe rows gathered into one chunk before it is joined.
         pub probe_chunk_rows: usize, default = 1 << 22
-        /// A probe chunk's output columns are uploaded and gathered on the
-        /// device once the join's chunks so far gave at least this many
-        /// output rows per probe row; until then, and below it, only keys
-        /// are uploaded and the matched rows are taken on the host. 0
-        /// always uploads them.
+        /// Output rows per probe row from which a probe chunk's output
+        /// columns are uploaded and gathered on the device; below it only
+        /// keys are uploaded and the matched rows are taken on the host.
+        /// 0 always uploads them.
         pub probe_device_gather_ratio: f64, default = 0.25
         /// When matches keep the probe side's row order: auto, always or required.
         pub keep_probe_order: ProbeOrderChoice, default = ProbeOrderChoice::Auto

@@ -61,6 +61,10 @@ pub struct JoinDefinition {
     pub keep_probe_order: ProbeOrderChoice,
     pub algorithm: AlgorithmChoice,
     pub materialization: MaterializationChoice,
+    /// Output rows per probe row from which a probe chunk's output columns
+    /// are uploaded rather than taken on the host
+    /// (`gpu_join.probe_device_gather_ratio`).
+    pub probe_device_gather_ratio: f64,
     /// The inputs' sizes as planned, for choosing the strategy.
     pub planned: PlannedSizes,
     /// Set when the output must leave in key order.

@@ -8,14 +8,17 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, UInt32Array, new_null_array};
+use arrow::array::{Array, ArrayData, ArrayRef, UInt32Array, make_array, new_empty_array, new_null_array};
+use arrow::buffer::MutableBuffer;
 use arrow::compute::{interleave, take};
 use arrow::datatypes::{FieldRef, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
+use rayon::prelude::*;
 
-use crate::arrays::concat_record_batches;
+use crate::arrays::{concat_arrays, concat_record_batches};
+use crate::backend::JoinBackend;
 
 /// A side's rows on the host (the build side, or a probe chunk).
 #[derive(Clone)]
@@ -26,6 +29,10 @@ pub struct HostRows {
     parts: Vec<RecordBatch>,
     /// The side's row at which each part starts, ascending.
     starts: Vec<usize>,
+    /// The part that holds the first row of each block of
+    /// `1 << BLOCK_SHIFT` rows: a row is located from its block's part in a
+    /// step or two where parts are DataFusion's batches, not by a search.
+    block_parts: Vec<usize>,
     rows: usize,
     /// Per column of the schema: the column whole, for the columns the
     /// join may move to the backend; the others are taken from `parts`.
@@ -44,7 +51,27 @@ impl HostRows {
             starts.push(rows);
             rows += part.num_rows();
         }
-        Self { schema, parts, starts, rows, whole }
+        let mut part = 0;
+        let block_parts = (0..rows.div_ceil(1 << BLOCK_SHIFT))
+            .map(|block| {
+                part = part_from(&starts, part, block << BLOCK_SHIFT);
+                part
+            })
+            .collect();
+        Self { schema, parts, starts, block_parts, rows, whole }
+    }
+
+    /// The same rows with exactly `columns` whole: those not whole yet
+    /// assembled for `backend`.
+    pub(crate) fn with_whole_columns<B: JoinBackend>(&self, backend: &B, columns: &[usize]) -> Result<Self> {
+        let missing: Vec<usize> = columns.iter().copied().filter(|&i| self.whole_column(i).is_none()).collect();
+        let mut whole = assemble_columns(backend, &self.schema, &self.parts, self.rows, &missing)?;
+        for &i in columns {
+            if let (Some(column @ None), Some(mine)) = (whole.get_mut(i), self.whole_column(i)) {
+                *column = Some(Arc::clone(mine));
+            }
+        }
+        Ok(Self { whole, ..self.clone() })
     }
 
     /// Rows that are one batch, every column whole.
@@ -82,15 +109,16 @@ impl HostRows {
     }
 
     /// The schema's field of column `index`.
-    fn field(&self, index: usize) -> Result<&FieldRef> {
+    pub(crate) fn field(&self, index: usize) -> Result<&FieldRef> {
         match self.schema.fields().get(index) {
             Some(field) => Ok(field),
             None => internal_err!("column {index} taken of a side of {} columns", self.schema.fields().len()),
         }
     }
 
-    /// `(part, row within the part)` of each of `rows`; null rows
-    /// (outer-join padding) lie in a one-row null array after the parts.
+    /// `(part, row within the part)` of each of `rows` (each below
+    /// `self.rows`); null rows (outer-join padding) lie in a one-row null
+    /// array after the parts.
     fn locate(&self, rows: &UInt32Array) -> Vec<(usize, usize)> {
         let padding = self.parts.len();
         rows.iter()
@@ -98,14 +126,26 @@ impl HostRows {
                 None => (padding, 0),
                 Some(row) => {
                     let row = row as usize;
-                    // The last part starting at or before the row: empty
-                    // parts that start at the same row come before it.
-                    let part = self.starts.partition_point(|&start| start <= row) - 1;
+                    let from = self.block_parts.get(row >> BLOCK_SHIFT).copied().unwrap_or(0);
+                    let part = part_from(&self.starts, from, row);
                     (part, row - self.starts[part])
                 }
             })
             .collect()
     }
+}
+
+/// Rows per block of [`HostRows`]'s part lookup.
+const BLOCK_SHIFT: u32 = 10;
+
+/// The part that holds `row`, searched forward from part `from`, which
+/// starts at or before it: the last part starting at or before the row
+/// (empty parts starting at the same row come before it).
+fn part_from(starts: &[usize], mut from: usize, row: usize) -> usize {
+    while starts.get(from + 1).is_some_and(|&next| next <= row) {
+        from += 1;
+    }
+    from
 }
 
 /// Columns of a [`HostRows`] taken at the same rows.
@@ -144,11 +184,78 @@ impl<'a> TakenRows<'a> {
     }
 }
 
+/// Per column of `schema`: the column whole where it is in `columns`,
+/// concatenated in parallel unless `batches` are one batch.
+pub fn assemble_columns<B: JoinBackend>(
+    backend: &B,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    rows: usize,
+    columns: &[usize],
+) -> Result<Vec<Option<ArrayRef>>> {
+    (0..schema.fields().len())
+        .into_par_iter()
+        .map(|i| {
+            if !columns.contains(&i) {
+                return Ok(None);
+            }
+            match batches {
+                [] => Ok(Some(new_empty_array(schema.field(i).data_type()))),
+                [batch] => Ok(Some(Arc::clone(batch.column(i)))),
+                _ => {
+                    let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
+                    concat_column(backend, &arrays, rows).map(Some)
+                }
+            }
+        })
+        .collect()
+}
+
+/// One column of a chunk: fixed-width columns without nulls are copied
+/// into place piece by piece in parallel, into the backend's transfer
+/// memory when it has some; others are concatenated by [`concat_arrays`].
+fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
+    let data_type = arrays[0].data_type();
+    let width = match data_type.primitive_width() {
+        Some(w) if data_type.is_primitive() && arrays.iter().all(|a| a.null_count() == 0) => w,
+        _ => return concat_arrays(arrays),
+    };
+    let bytes = rows * width;
+    let mut memory = backend.transfer_memory(bytes);
+    let mut fresh = MutableBuffer::new(0);
+    let target = match memory.as_mut() {
+        Some(memory) => memory.bytes_mut(bytes)?,
+        None => {
+            fresh = MutableBuffer::from_len_zeroed(bytes);
+            fresh.as_slice_mut()
+        }
+    };
+    let mut pieces = Vec::with_capacity(arrays.len());
+    let mut rest = target;
+    for array in arrays {
+        let (piece, tail) = rest.split_at_mut(array.len() * width);
+        pieces.push((piece, array.to_data()));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(piece, data)| {
+        let start = data.offset() * width;
+        piece.copy_from_slice(&data.buffers()[0].as_slice()[start..start + piece.len()]);
+    });
+    let buffer = match memory {
+        Some(memory) => memory.into_buffer(bytes)?,
+        None => fresh.into(),
+    };
+    let data = ArrayData::builder(data_type.clone()).len(rows).add_buffer(buffer).build()?;
+    Ok(make_array(data))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringViewArray};
     use arrow::datatypes::{DataType, Field, Schema};
+
+    use crate::backend::cpu::CpuBackend;
 
     fn batch(schema: &SchemaRef, values: std::ops::Range<i64>) -> RecordBatch {
         let names: StringViewArray = values.clone().map(|v| Some(format!("name of row number {v}"))).collect();
@@ -174,6 +281,11 @@ mod tests {
             assert_eq!(from_parts.column(column).unwrap().as_ref(), expected.as_ref());
             assert_eq!(expected.null_count(), 2 + usize::from(column == 0) * 2);
         }
+        let backend = CpuBackend::open(&(), Arc::default()).unwrap();
+        let first_whole = rows.with_whole_columns(&backend, &[0]).unwrap();
+        assert_eq!(first_whole.whole_column(0).unwrap().as_ref(), whole.whole_column(0).unwrap().as_ref());
+        assert!(first_whole.whole_column(1).is_none());
+        assert!(whole.with_whole_columns(&backend, &[1]).unwrap().whole_column(0).is_none());
         for side in [&rows, &whole] {
             let error = TakenRows::new(side, UInt32Array::from(vec![40])).err().unwrap().to_string();
             assert!(error.contains("row 40 taken of 40 host rows"), "{error}");

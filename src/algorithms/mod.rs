@@ -23,9 +23,9 @@ mod side;
 mod strategy;
 
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
-pub use host_rows::HostRows;
+pub use host_rows::{HostRows, assemble_columns};
 pub use pipeline::{
-    BuildSide, LoadedChunk, PhaseTimers, Settle, evaluate_keys, finish_build_side, join_loaded_chunk, load_probe_chunk,
-    prepare_build_side,
+    BuildSide, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, Settle, evaluate_keys, finish_build_side,
+    join_loaded_chunk, load_probe_chunk, prepare_build_side,
 };
 pub use strategy::{Algorithm, Strategy};

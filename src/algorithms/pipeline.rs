@@ -266,11 +266,31 @@ fn upload_keys<B: JoinBackend>(backend: &B, encoder: &KeyEncoder, keys: &StagedK
     })
 }
 
+/// When a probe chunk's output columns are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeColumns {
+    /// Uploaded as the chunk is loaded (those of types the backend holds),
+    /// to be transformed with the keys or gathered by row.
+    Upload,
+    /// Once the chunk's output rows are known: uploaded and gathered by row
+    /// when they are at least [`JoinDefinition::probe_device_gather_ratio`]
+    /// per probe row, taken on the host otherwise.
+    AfterMatching,
+}
+
+/// A joined probe chunk's output.
+pub struct JoinedChunk {
+    pub batch: RecordBatch,
+    /// Whether the chunk's output columns were taken on the host.
+    pub probe_columns_on_host: bool,
+}
+
 /// A probe chunk moved to the backend: keys encoded as the build side's and
 /// uploaded, needed columns placed. Loading one chunk overlaps the join of
 /// the one before, on another backend instance (another stream).
 pub struct LoadedChunk<B: JoinBackend> {
     chunk: HostRows,
+    columns: ProbeColumns,
     /// The key columns whole, only where candidates are verified against
     /// them (hashed keys); empty otherwise.
     key_arrays: Vec<ArrayRef>,
@@ -300,20 +320,26 @@ pub fn load_probe_chunk<B: JoinBackend>(
     definition: &JoinDefinition,
     build: &BuildSide<B>,
     chunk: HostRows,
+    columns: ProbeColumns,
     timers: &PhaseTimers,
 ) -> Result<LoadedChunk<B>> {
     let _timer = timers.transform.timer();
     let keys = StagedKeys::evaluate(&definition.probe_keys, chunk.parts())?;
     // Probe order is kept by matching in original probe rows, then
-    // ordering the pairs by them.
+    // ordering the pairs by them; columns placed after matching are
+    // gathered by original row, on either side.
     let keep_probe_order = definition.keeps_probe_order(chunk.rows());
-    let space = if keep_probe_order { Space::Original } else { build.choice.strategy.probe_space };
+    let space = match keep_probe_order || columns == ProbeColumns::AfterMatching {
+        true => Space::Original,
+        false => build.choice.strategy.probe_space,
+    };
     let key_arrays = match build.encoder.exactness() {
         KeyExactness::NeedsVerification => keys.concatenated()?,
         KeyExactness::Exact => vec![],
     };
     let mut loaded = LoadedChunk {
         chunk,
+        columns,
         key_arrays,
         keys: None,
         space,
@@ -336,8 +362,10 @@ pub fn load_probe_chunk<B: JoinBackend>(
         }
     }
     // Columns first: their transfers run while the keys are encoded.
-    let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), space)?;
+    let PlacedColumns { placements, to_transform } = match columns {
+        ProbeColumns::Upload => place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), space)?,
+        ProbeColumns::AfterMatching => PlacedColumns { placements: vec![], to_transform: vec![] },
+    };
     loaded.keys = Some(upload_keys(backend, &build.probe_encoder, &keys)?);
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
@@ -367,9 +395,12 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     chunk: LoadedChunk<B>,
     timers: &PhaseTimers,
     settle: Settle,
-) -> Result<RecordBatch> {
+) -> Result<JoinedChunk> {
     let output = match (&build.relation, &chunk.keys) {
-        (_, None) => Ok(RecordBatch::new_empty(definition.output_schema.clone())),
+        (_, None) => Ok(JoinedChunk {
+            batch: RecordBatch::new_empty(definition.output_schema.clone()),
+            probe_columns_on_host: false,
+        }),
         (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
             join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, settle)
         }
@@ -392,7 +423,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     keys: &B::Vector<K>,
     timers: &PhaseTimers,
     settle: Settle,
-) -> Result<RecordBatch> {
+) -> Result<JoinedChunk> {
     let timer = timers.transform.timer();
     let payloads: Vec<&B::Column> = chunk.to_transform.iter().collect();
     let probe_relation = transform_probe(backend, build_relation.layout, keys, &payloads, chunk.with_row_ids)?;
@@ -430,7 +461,43 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     timer.done();
 
     let _timer = timers.materialize.timer();
-    output_batch(backend, definition, &rows, &build_view, Some(&probe_view))
+    let placed = match chunk.columns {
+        ProbeColumns::Upload => None,
+        ProbeColumns::AfterMatching => Some(place_after_matching(backend, definition, &chunk.chunk, rows.len)?),
+    };
+    let probe_view = match &placed {
+        Some(placed) => SideView { placements: &placed.placements, ..probe_view },
+        None => probe_view,
+    };
+    let batch = output_batch(backend, definition, &rows, &build_view, Some(&probe_view))?;
+    let probe_columns_on_host = placed.is_some_and(|placed| placed.on_host);
+    Ok(JoinedChunk { batch, probe_columns_on_host })
+}
+
+/// The placements of a probe chunk's output columns once the chunk's
+/// output rows are known: uploaded when there are enough output rows per
+/// probe row to pay for moving every row's values, taken on the host
+/// otherwise.
+struct PlacedAfterMatching<C> {
+    placements: Vec<Option<ColumnPlacement<C>>>,
+    /// Columns the backend could hold were taken on the host.
+    on_host: bool,
+}
+
+fn place_after_matching<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    chunk: &HostRows,
+    output_rows: usize,
+) -> Result<PlacedAfterMatching<B::Column>> {
+    let columns = definition.probe_output_columns();
+    let mut held = columns.clone();
+    held.retain(|&i| chunk.field(i).is_ok_and(|f| backend.holds_column(f.data_type())));
+    let enough = output_rows as f64 >= definition.probe_device_gather_ratio * chunk.rows() as f64;
+    let to_device = if enough { held.as_slice() } else { &[] };
+    let rows = chunk.with_whole_columns(backend, to_device)?;
+    let PlacedColumns { placements, .. } = place_columns(backend, &rows, &columns, Space::Original)?;
+    Ok(PlacedAfterMatching { placements, on_host: !enough && !held.is_empty() })
 }
 
 /// The build-side rows a join emits once every probe partition has finished:

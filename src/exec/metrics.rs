@@ -21,7 +21,7 @@ pub(crate) struct GpuJoinMetrics {
     /// Assembling DataFusion's probe batches into chunks on the host.
     pub probe_staging_time: Time,
     /// Probe chunks whose output columns stayed on the host, taken there
-    /// for the matched rows only (see `gpu_join.probe_device_gather_ratio`).
+    /// for the output rows only (see `gpu_join.probe_device_gather_ratio`).
     pub probe_chunks_on_host: Count,
     /// Waiting for the device's admission.
     pub admission_wait_time: Time,

@@ -159,6 +159,7 @@ impl GpuJoinExec {
             keep_probe_order: options.keep_probe_order,
             algorithm: options.algorithm,
             materialization: options.materialization,
+            probe_device_gather_ratio: options.probe_device_gather_ratio,
             planned: planned_sizes(twin.right(), &probe_keys(twin), build_sides(twin)),
             key_order,
         })

@@ -1,15 +1,20 @@
-//! Whether a probe chunk's columns go to the device.
+//! Whether a probe chunk's output columns are uploaded as it is loaded.
 //!
 //! A probe chunk's output columns are gathered either on the device, after
-//! the whole chunk was uploaded, or on the host, from the rows that matched.
+//! being uploaded whole, or on the host, from the rows that matched.
 //! Uploading pays for every probe row; taking on the host only for the rows
-//! emitted. Which is cheaper depends on how many output rows each probe row
-//! gives, which neither the plan's statistics nor the build side can tell
-//! (TPC-H's lineitem joins at scale factor 10 emit 0.1% to 15% of their
-//! probe rows). So the join measures it: each joined chunk adds its rows,
-//! and a chunk's columns are uploaded only once the chunks joined so far
-//! have given at least `gpu_join.probe_device_gather_ratio` output rows per
-//! probe row.
+//! emitted, but more per row. Which is cheaper depends on how many output
+//! rows each probe row gives, which neither the plan's statistics nor the
+//! build side can tell (TPC-H's lineitem joins at scale factor 10 emit 0.1%
+//! to 15% of their probe rows; the operator benchmark's join, all of them).
+//! So a chunk's columns are placed after its matching (see
+//! [`ProbeColumns::AfterMatching`]), and each joined chunk adds its rows
+//! here. Once the join's chunks so far have given at least
+//! `gpu_join.probe_device_gather_ratio` output rows per probe row, later
+//! chunks upload their columns as they are loaded, ahead of the join, as
+//! the pipeline overlaps best.
+//!
+//! [`ProbeColumns::AfterMatching`]: crate::algorithms::ProbeColumns::AfterMatching
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -27,9 +32,10 @@ impl ProbeYield {
         self.output_rows.fetch_add(output_rows as u64, Ordering::Relaxed);
     }
 
-    /// Whether the next chunk's output columns should be uploaded, given
-    /// the least output rows per probe row (`ratio`) that pays for it; the
-    /// first chunks, joined before any is measured, stay on the host.
+    /// Whether the next chunk's output columns should be uploaded as it is
+    /// loaded, given the least output rows per probe row (`ratio`) that
+    /// pays for it; the first chunks, loaded before any is measured, are
+    /// placed after matching.
     pub fn columns_to_device(&self, ratio: f64) -> bool {
         if ratio <= 0.0 {
             return true;

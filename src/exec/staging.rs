@@ -1,19 +1,16 @@
 //! Host-side staging: DataFusion's small probe batches become large chunks,
-//! concatenated in parallel (columns, and pieces of each column, on rayon's
-//! threads) rather than on the core that polls the input, into memory the
-//! backend moves without another copy when it has some to spare.
+//! whose columns bound for the backend are concatenated in parallel
+//! (columns, and pieces of each column, on rayon's threads) rather than on
+//! the core that polls the input, into memory the backend moves without
+//! another copy when it has some to spare ([`assemble_columns`]).
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayData, ArrayRef, make_array, new_empty_array};
-use arrow::buffer::MutableBuffer;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
-use rayon::prelude::*;
 
-use crate::algorithms::HostRows;
-use crate::arrays::concat_arrays;
+use crate::algorithms::{HostRows, assemble_columns};
 use crate::backend::JoinBackend;
 
 /// The batches of one probe chunk, not yet assembled: the copy runs in a
@@ -121,69 +118,4 @@ pub(crate) fn concat_in_parallel<B: JoinBackend>(
         columns,
         &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
-}
-
-/// Per column of `schema`: the column whole where it is in `columns`,
-/// concatenated in parallel unless `batches` are one batch.
-fn assemble_columns<B: JoinBackend>(
-    backend: &B,
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-    rows: usize,
-    columns: &[usize],
-) -> Result<Vec<Option<ArrayRef>>> {
-    (0..schema.fields().len())
-        .into_par_iter()
-        .map(|i| {
-            if !columns.contains(&i) {
-                return Ok(None);
-            }
-            match batches {
-                [] => Ok(Some(new_empty_array(schema.field(i).data_type()))),
-                [batch] => Ok(Some(Arc::clone(batch.column(i)))),
-                _ => {
-                    let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
-                    concat_column(backend, &arrays, rows).map(Some)
-                }
-            }
-        })
-        .collect()
-}
-
-/// One column of a chunk: fixed-width columns without nulls are copied
-/// into place piece by piece in parallel, into the backend's transfer
-/// memory when it has some; others are concatenated by [`concat_arrays`].
-fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
-    let data_type = arrays[0].data_type();
-    let width = match data_type.primitive_width() {
-        Some(w) if data_type.is_primitive() && arrays.iter().all(|a| a.null_count() == 0) => w,
-        _ => return concat_arrays(arrays),
-    };
-    let bytes = rows * width;
-    let mut memory = backend.transfer_memory(bytes);
-    let mut fresh = MutableBuffer::new(0);
-    let target = match memory.as_mut() {
-        Some(memory) => memory.bytes_mut(bytes)?,
-        None => {
-            fresh = MutableBuffer::from_len_zeroed(bytes);
-            fresh.as_slice_mut()
-        }
-    };
-    let mut pieces = Vec::with_capacity(arrays.len());
-    let mut rest = target;
-    for array in arrays {
-        let (piece, tail) = rest.split_at_mut(array.len() * width);
-        pieces.push((piece, array.to_data()));
-        rest = tail;
-    }
-    pieces.into_par_iter().for_each(|(piece, data)| {
-        let start = data.offset() * width;
-        piece.copy_from_slice(&data.buffers()[0].as_slice()[start..start + piece.len()]);
-    });
-    let buffer = match memory {
-        Some(memory) => memory.into_buffer(bytes)?,
-        None => fresh.into(),
-    };
-    let data = ArrayData::builder(data_type.clone()).len(rows).add_buffer(buffer).build()?;
-    Ok(make_array(data))
 }

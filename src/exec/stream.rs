@@ -39,7 +39,7 @@ use super::passes::{BuildPasses, split_by_pass};
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
-    BuildSide, HostRows, LoadedChunk, Settle, finish_build_side, join_loaded_chunk, load_probe_chunk,
+    BuildSide, HostRows, LoadedChunk, ProbeColumns, Settle, finish_build_side, join_loaded_chunk, load_probe_chunk,
 };
 use crate::arrays::owned_slice;
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
@@ -404,7 +404,7 @@ async fn join_in_passes<'a, B: JoinBackend>(
 async fn assemble_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
     probe: &mut BoxStream<'_, Result<RecordBatch>>,
-    assembled_tx: Sender<HostRows>,
+    assembled_tx: Sender<(HostRows, ProbeColumns)>,
 ) -> Result<()> {
     let inputs = partition.inputs;
     // Only its transfer memory is used: no instance (stream) of its own.
@@ -448,18 +448,18 @@ async fn assemble_chunks<B: JoinBackend>(
 /// instead, if it was.
 async fn load_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
-    mut assembled_rx: Receiver<HostRows>,
+    mut assembled_rx: Receiver<(HostRows, ProbeColumns)>,
     chunk_tx: Sender<Chunk<B>>,
 ) -> Result<Option<Arc<BuildPasses<B>>>> {
     let backend = partition.open_backend()?;
-    while let Some(chunk) = assembled_rx.recv().await {
+    while let Some((chunk, columns)) = assembled_rx.recv().await {
         let build = match partition.build_now().await? {
             BuildNow::Ready(build) => build,
             // Nothing is joined yet: the partition joins in passes instead.
             BuildNow::Split(passes) => return Ok(Some(passes)),
         };
         let permit = partition.admitted().await?;
-        let loaded = load_chunk(partition, &backend, &build, chunk).await?;
+        let loaded = load_chunk(partition, &backend, &build, chunk, columns).await?;
         // Neither is held while the joiner is busy: it may need the device
         // alone, or another pass of the build side.
         drop((permit, build));
@@ -472,27 +472,31 @@ async fn load_chunks<B: JoinBackend>(
 }
 
 /// Assembles a staged chunk on the host, in memory `backend` moves
-/// without another copy.
+/// without another copy: the output columns it will upload, where the
+/// join's chunks so far had enough output rows per probe row to pay for
+/// uploading them; none otherwise, which are placed after matching.
 async fn assemble_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
     staged: StagedChunk,
-) -> Result<HostRows> {
+) -> Result<(HostRows, ProbeColumns)> {
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let _staging = inputs.metrics.probe_staging_time.timer();
-    // Only the columns uploaded are assembled: the rest are taken on the
-    // host from the batches they came in.
-    let schema = inputs.right.schema();
-    let mut to_device = partition.join.definition.probe_output_columns();
-    to_device.retain(|&i| schema.fields().get(i).is_some_and(|f| backend.holds_column(f.data_type())));
-    let ratio = partition.options.probe_device_gather_ratio;
-    if !to_device.is_empty() && !partition.join.probe_yield.columns_to_device(ratio) {
-        inputs.metrics.probe_chunks_on_host.add(1);
-        to_device.clear();
-    }
+    let definition = &partition.join.definition;
+    let (columns, to_device) = match partition.join.probe_yield.columns_to_device(definition.probe_device_gather_ratio)
+    {
+        true => {
+            let schema = inputs.right.schema();
+            let mut to_device = definition.probe_output_columns();
+            to_device.retain(|&i| schema.fields().get(i).is_some_and(|f| backend.holds_column(f.data_type())));
+            (ProbeColumns::Upload, to_device)
+        }
+        false => (ProbeColumns::AfterMatching, vec![]),
+    };
     let backend = backend.clone();
-    run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &to_device)).await
+    let rows = run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &to_device)).await?;
+    Ok((rows, columns))
 }
 
 /// Loads a probe chunk, in one blocking job; a chunk that runs out of
@@ -502,6 +506,7 @@ async fn load_chunk<B: JoinBackend>(
     backend: &B,
     build: &Arc<BuildSide<B>>,
     chunk: HostRows,
+    columns: ProbeColumns,
 ) -> Result<Chunk<B>> {
     let inputs = partition.inputs;
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
@@ -509,7 +514,7 @@ async fn load_chunk<B: JoinBackend>(
         (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     run_blocking("loading a probe chunk", move || {
-        match load_probe_chunk(&backend, &definition, &build, chunk.clone(), &timers) {
+        match load_probe_chunk(&backend, &definition, &build, chunk.clone(), columns, &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(chunk, e)),
             Err(e) => Err(e),
@@ -574,15 +579,16 @@ async fn join_chunk<B: JoinBackend>(
     let mut pending = vec![batch];
     while let Some(piece) = pending.pop() {
         let permit = admitted(&partition.inputs.metrics, join.admission().exclusive()).await?;
-        let error =
-            match load_and_join(partition, backend, build, HostRows::whole(piece.clone()), Settle::ProbeChunk).await {
-                Ok(batch) => {
-                    output.push(batch);
-                    continue;
-                }
-                Err(e) if is_out_of_memory(&e) => e,
-                Err(e) => return Err(e),
-            };
+        let rows = HostRows::whole(piece.clone());
+        let error = match load_and_join(partition, backend, build, rows, ProbeColumns::Upload, Settle::ProbeChunk).await
+        {
+            Ok(batch) => {
+                output.push(batch);
+                continue;
+            }
+            Err(e) if is_out_of_memory(&e) => e,
+            Err(e) => return Err(e),
+        };
         drop(permit);
         let rows = piece.num_rows();
         if rows <= SMALLEST_RETRY_ROWS {
@@ -608,9 +614,10 @@ async fn load_and_join<B: JoinBackend>(
     backend: &B,
     build: &Arc<BuildSide<B>>,
     rows: HostRows,
+    columns: ProbeColumns,
     settle: Settle,
 ) -> Result<RecordBatch> {
-    match load_chunk(partition, backend, build, rows).await? {
+    match load_chunk(partition, backend, build, rows, columns).await? {
         Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded, settle).await,
         Chunk::NotLoaded(_, error) => Err(error),
     }
@@ -628,10 +635,14 @@ async fn join_loaded<B: JoinBackend>(
         (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    run_blocking("joining a probe chunk", move || {
+    let joined = run_blocking("joining a probe chunk", move || {
         join_loaded_chunk(&backend, &definition, &build, loaded, &timers, settle)
     })
-    .await
+    .await?;
+    if joined.probe_columns_on_host {
+        inputs.metrics.probe_chunks_on_host.add(1);
+    }
+    Ok(joined.batch)
 }
 
 /// Joins the whole probe side of a partition as one chunk and sends every
@@ -656,9 +667,9 @@ async fn join_partition_in_key_order<B: JoinBackend>(
             return internal_err!("GPU join: a probe side of more than {} rows", usize::MAX);
         }
     }
-    let chunk = match staging.finish() {
+    let (chunk, columns) = match staging.finish() {
         Some(staged) => assemble_chunk(partition, &partition.build_backend, staged).await?,
-        None => HostRows::whole(RecordBatch::new_empty(inputs.right.schema())),
+        None => (HostRows::whole(RecordBatch::new_empty(inputs.right.schema())), ProbeColumns::Upload),
     };
     let backend = partition.open_backend()?;
     let mut error = None;
@@ -668,7 +679,7 @@ async fn join_partition_in_key_order<B: JoinBackend>(
             false => partition.admitted().await?,
             true => admitted(&inputs.metrics, partition.join.admission().exclusive()).await?,
         };
-        match load_and_join(partition, &backend, build, chunk.clone(), Settle::KeyOrder).await {
+        match load_and_join(partition, &backend, build, chunk.clone(), columns, Settle::KeyOrder).await {
             Ok(batch) => {
                 output.send(batch).await?;
                 return Ok(());

@@ -59,6 +59,7 @@ fn definition(algorithm: AlgorithmChoice, materialization: MaterializationChoice
         keep_probe_order: ProbeOrderChoice::Auto,
         algorithm,
         materialization,
+        probe_device_gather_ratio: 0.25,
         planned: PlannedSizes::default(),
         key_order: None,
     }
