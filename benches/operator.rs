@@ -2,7 +2,8 @@
 //! DataFusion alone, in one process, on the GFTR paper's data as Arrow
 //! batches in host memory (`target_partitions = 16`).
 //!
-//! The GPU session runs every join on the GPU (`gpu_join.min_rows = 0`).
+//! The GPU session runs every join on the GPU (`gpu_join.min_rows = 0`,
+//! `gpu_join.min_build_rows = 0`).
 //! R holds 2^27 dense shuffled primary keys, S 2^28 uniform foreign keys,
 //! 4-byte keys and payloads, one payload column per side (narrow) or two
 //! (wide). For each workload it times the whole query
@@ -133,9 +134,10 @@ fn keys(scale: usize) -> (Vec<i32>, Vec<i32>) {
 
 fn session(gpu: bool, r: &Arc<MemTable>, s: &Arc<MemTable>) -> SessionContext {
     // Every size on the GPU, so that scaled-down runs measure the GPU join
-    // too rather than `min_rows` keeping it on DataFusion.
+    // too rather than `min_rows` or `min_build_rows` keeping it on DataFusion.
     let mut options = GpuJoinConfig::default();
     options.min_rows = 0;
+    options.min_build_rows = 0;
     let config = SessionConfig::new().with_target_partitions(PARTITIONS).with_option_extension(options);
     let builder = SessionStateBuilder::new().with_config(config).with_default_features();
     let ctx = SessionContext::new_with_state(if gpu { builder.with_gpu_join() } else { builder }.build());

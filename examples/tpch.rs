@@ -5,19 +5,21 @@
 //!
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
-//!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N]
-//!     [--validate] [--compare] [--explain] [--set NAME=VALUE ...]
+//!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
+//!     [--validate] [--compare] [--explain] [--plans] [--set NAME=VALUE ...]
 //! ```
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
-//! CPU reference backend otherwise. `--min-rows` is `gpu_join.min_rows`:
-//! the job's default, 0, runs every join the GPU join can take on it, so
-//! that the job checks them all (a session's default, 10000000, keeps the
-//! joins of scale factor 1 on DataFusion). `--validate` checks every result
+//! CPU reference backend otherwise. `--min-rows` is `gpu_join.min_rows` and
+//! `--min-build-rows` is `gpu_join.min_build_rows`: the job's defaults, 0,
+//! run every join the GPU join can take on it, so that the job checks them
+//! all (a session's defaults, 10000000 and 262144, keep the joins of scale
+//! factor 1 and the small build sides of larger ones on DataFusion). `--validate` checks every result
 //! against the official answers (scale factor 1 only); `--compare` also
 //! runs each query on DataFusion alone and checks that the rows are the
 //! same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
-//! strategy, the reason, and its metrics). `--set` sets another of the GPU
+//! strategy, the reason, and its metrics); `--plans` prints the whole
+//! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
 //! instance `--set probe_device_gather_ratio=0`.
 
@@ -37,9 +39,11 @@ struct Args {
     iterations: usize,
     partitions: usize,
     min_rows: usize,
+    min_build_rows: usize,
     validate: bool,
     compare: bool,
     explain: bool,
+    plans: bool,
     /// Other `gpu_join` options, by name without the prefix.
     settings: Vec<(String, String)>,
 }
@@ -52,9 +56,11 @@ fn parse_args() -> Result<Args> {
         iterations: 1,
         partitions: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         min_rows: 0,
+        min_build_rows: 0,
         validate: false,
         compare: false,
         explain: false,
+        plans: false,
         settings: vec![],
     };
     let mut it = std::env::args().skip(1);
@@ -75,9 +81,11 @@ fn parse_args() -> Result<Args> {
             "--iterations" => args.iterations = value()?.parse().map_err(|_| bad("--iterations"))?,
             "--partitions" => args.partitions = value()?.parse().map_err(|_| bad("--partitions"))?,
             "--min-rows" => args.min_rows = value()?.parse().map_err(|_| bad("--min-rows"))?,
+            "--min-build-rows" => args.min_build_rows = value()?.parse().map_err(|_| bad("--min-build-rows"))?,
             "--validate" => args.validate = true,
             "--compare" => args.compare = true,
             "--explain" => args.explain = true,
+            "--plans" => args.plans = true,
             "--set" => {
                 let setting = value()?;
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
@@ -94,6 +102,7 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
     options.enabled = gpu;
     options.backend = args.backend;
     options.min_rows = args.min_rows;
+    options.min_build_rows = args.min_build_rows;
     for (name, value) in &args.settings {
         options.set(name, value)?;
     }
@@ -146,8 +155,8 @@ async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Re
     ))
 }
 
-/// The GPU joins' lines of EXPLAIN ANALYZE for the query's statements.
-async fn explained_joins(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<Vec<String>> {
+/// The lines of EXPLAIN ANALYZE for the query's statements.
+async fn explain_analyze(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<Vec<String>> {
     let mut lines = vec![];
     for statement in tpch::statements(query, scale_factor)? {
         if !statement.to_ascii_lowercase().starts_with("select") {
@@ -156,11 +165,7 @@ async fn explained_joins(ctx: &SessionContext, query: usize, scale_factor: f64) 
         }
         let batches = ctx.sql(&format!("EXPLAIN ANALYZE {statement}")).await?.collect().await?;
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
-        lines.extend(
-            text.lines()
-                .filter(|l| l.contains("GpuJoinExec"))
-                .map(|l| l.trim_matches(|c| c == '|' || c == ' ').to_string()),
-        );
+        lines.extend(text.lines().map(|l| l.trim_matches(|c| c == '|' || c == ' ').to_string()));
     }
     Ok(lines)
 }
@@ -218,8 +223,22 @@ async fn main() -> Result<()> {
         }
         println!("{line}\n      {}", placements(&gpu, query, args.scale_factor).await?);
         if args.explain {
-            for join in explained_joins(&gpu, query, args.scale_factor).await? {
-                println!("      {join}");
+            for line in explain_analyze(&gpu, query, args.scale_factor).await? {
+                if line.contains("GpuJoinExec") {
+                    println!("      {line}");
+                }
+            }
+        }
+        if args.plans {
+            let mut sessions = vec![("GPU session", &gpu)];
+            if args.compare {
+                sessions.push(("DataFusion", &cpu));
+            }
+            for (name, ctx) in sessions {
+                println!("      {name}'s plan:");
+                for line in explain_analyze(ctx, query, args.scale_factor).await? {
+                    println!("        {line}");
+                }
             }
         }
     }

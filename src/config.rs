@@ -203,6 +203,11 @@ extensions_options! {
         /// side as collected. The default is where the GPU session started to
         /// win on the operator benchmark (docs/benchmarks.md).
         pub min_rows: usize, default = 10_000_000
+        /// Build sides with fewer rows as collected (each partition's in
+        /// `Partitioned` mode) are joined by DataFusion's operator: its hash
+        /// table then sits in the CPU's caches and it probes faster than
+        /// probe rows cross PCIe (docs/benchmarks.md, TPC-H at SF 10).
+        pub min_build_rows: usize, default = 1 << 18
         /// CUDA device ordinal.
         pub device: usize, default = 0
         /// Device memory budget: auto, a size such as 40G, or a percentage such as 75%.

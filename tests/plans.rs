@@ -286,6 +286,33 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
     }
 }
 
+/// A build side with fewer rows than `gpu_join.min_build_rows` as
+/// collected is joined by DataFusion's operator, and EXPLAIN ANALYZE says
+/// why; at the limit the device joins it.
+#[tokio::test]
+async fn a_small_build_side_is_left_to_datafusion() {
+    let config = || SessionConfig::new().with_target_partitions(4);
+    let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
+    for context in [&ctx, &reference] {
+        run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
+        run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
+    }
+    let sql = "SELECT b.k, count(*), sum(p.w) FROM (SELECT k, z FROM f WHERE z % 100 = 0) b JOIN p ON b.k = p.k \
+               GROUP BY b.k";
+    let expected = sorted_rows(&run(&reference, sql).await);
+    for (min_build_rows, on_datafusion) in [(41, true), (40, false)] {
+        run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+        let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+        let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+        let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+        let reason =
+            format!("DataFusion: 40 build rows as collected, below gpu_join.min_build_rows = {min_build_rows}");
+        assert_eq!(line.contains(&reason), on_datafusion, "{line}");
+        assert_eq!(line.contains("algorithm=DataFusion"), on_datafusion, "{line}");
+        assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "min_build_rows = {min_build_rows}");
+    }
+}
+
 /// With no CUDA driver, `auto` leaves plans exactly as DataFusion made them
 /// and `cuda` fails with an error that says what to do. On a machine with a
 /// usable device, `auto` plans on it instead.
@@ -294,6 +321,7 @@ async fn without_a_cuda_driver_auto_keeps_plans_and_cuda_is_an_error() {
     let sql = "SELECT l.s, r.t FROM l JOIN r ON l.k = r.k";
     let mut options = GpuJoinConfig::default();
     options.min_rows = 0;
+    options.min_build_rows = 0;
     let plain = SessionContext::new_with_state(SessionStateBuilder::new().with_default_features().build());
     let auto = SessionContext::new_with_state(
         SessionStateBuilder::new()

@@ -134,6 +134,12 @@ impl JoinDefinition {
         columns
     }
 
+    /// Whether every probe row gives at least one output row (outer joins
+    /// that keep the probe side, mark joins that mark it).
+    pub(crate) fn emits_every_probe_row(&self) -> bool {
+        matches!(self.join_type, JoinType::Right | JoinType::Full | JoinType::RightMark)
+    }
+
     /// Whether build rows must be tracked across probe chunks: joins that
     /// emit build rows once the probe side is exhausted.
     pub(crate) fn tracks_visited_build_rows(&self) -> bool {

@@ -8,7 +8,9 @@
 //! estimated to fit and still runs out of memory, even alone on the device,
 //! is split then. A build side that, as collected, makes the join smaller
 //! than `gpu_join.min_rows` also goes to DataFusion's operator: the plan's
-//! statistics, which passed it, were only an estimate.
+//! statistics, which passed it, were only an estimate. So does one with
+//! fewer rows than `gpu_join.min_build_rows`, whose hash table DataFusion
+//! probes from the CPU's caches faster than the probe side crosses PCIe.
 
 use std::sync::{Arc, LazyLock};
 
@@ -243,7 +245,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let bytes = transform_bytes(&self.definition, &schema, rows);
         let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
         let passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
-        let left_to_datafusion = choice::below_min_rows(&self.definition.planned, rows, options.min_rows);
+        let left_to_datafusion = choice::below_min_rows(&self.definition.planned, rows, options.min_rows)
+            .or_else(|| choice::below_min_build_rows(rows, options.min_build_rows));
         let whole = passes == 1 && left_to_datafusion.is_none();
         let input = CollectedInput {
             backend,

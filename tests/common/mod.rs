@@ -21,6 +21,7 @@ pub fn test_options() -> GpuJoinConfig {
     let mut options = GpuJoinConfig::default();
     options.backend = test_backend_choice();
     options.min_rows = 0;
+    options.min_build_rows = 0;
     options
 }
 
