@@ -203,8 +203,8 @@ extensions_options! {
         /// side as collected. The default is where the GPU session started to
         /// win on the operator benchmark (docs/benchmarks.md).
         pub min_rows: usize, default = 10_000_000
-        /// Build sides with fewer rows as collected (each partition's in
-        /// `Partitioned` mode) are joined by DataFusion's operator: its hash
+        /// In `Partitioned` mode, a partition whose build side has fewer
+        /// rows as collected is joined by DataFusion's operator: its hash
         /// table then sits in the CPU's caches and it probes faster than
         /// probe rows cross PCIe (docs/benchmarks.md, TPC-H at SF 10).
         pub min_build_rows: usize, default = 1 << 18

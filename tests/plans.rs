@@ -286,30 +286,42 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
     }
 }
 
-/// A build side with fewer rows than `gpu_join.min_build_rows` as
-/// collected is joined by DataFusion's operator, and EXPLAIN ANALYZE says
-/// why; at the limit the device joins it.
+/// In `Partitioned` mode, a partition whose build side has fewer rows than
+/// `gpu_join.min_build_rows` as collected is joined by DataFusion's
+/// operator, and EXPLAIN ANALYZE says why; at the limit, and in
+/// `CollectLeft` mode, the device joins it.
 #[tokio::test]
-async fn a_small_build_side_is_left_to_datafusion() {
-    let config = || SessionConfig::new().with_target_partitions(4);
-    let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-    for context in [&ctx, &reference] {
-        run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
-        run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
-    }
+async fn a_small_build_side_of_a_partition_is_left_to_datafusion() {
+    let partitioned = [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        "SET datafusion.optimizer.join_reordering = false",
+    ];
     let sql = "SELECT b.k, count(*), sum(p.w) FROM (SELECT k, z FROM f WHERE z % 100 = 0) b JOIN p ON b.k = p.k \
                GROUP BY b.k";
-    let expected = sorted_rows(&run(&reference, sql).await);
-    for (min_build_rows, on_datafusion) in [(41, true), (40, false)] {
-        run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
-        let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-        let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
-        let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
-        let reason =
-            format!("DataFusion: 40 build rows as collected, below gpu_join.min_build_rows = {min_build_rows}");
-        assert_eq!(line.contains(&reason), on_datafusion, "{line}");
-        assert_eq!(line.contains("algorithm=DataFusion"), on_datafusion, "{line}");
-        assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "min_build_rows = {min_build_rows}");
+    for (settings, mode) in [(&partitioned[..], "Partitioned"), (&[][..], "CollectLeft")] {
+        let config = || SessionConfig::new().with_target_partitions(4);
+        let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
+        for context in [&ctx, &reference] {
+            for setting in settings {
+                run(context, setting).await;
+            }
+            run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
+            run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
+        }
+        let expected = sorted_rows(&run(&reference, sql).await);
+        // 40 build rows in all; each of the 4 partitions has fewer.
+        for (min_build_rows, on_datafusion) in [(41, mode == "Partitioned"), (0, false)] {
+            run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+            let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+            let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+            let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+            assert!(line.contains(&format!("mode={mode}")), "{line}");
+            let reason = format!("build rows as collected, below gpu_join.min_build_rows = {min_build_rows}");
+            assert_eq!(line.contains(&reason), on_datafusion, "{line}");
+            assert_eq!(line.contains("algorithm=DataFusion"), on_datafusion, "{line}");
+            assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "{mode}, min_build_rows = {min_build_rows}");
+        }
     }
 }
 

@@ -8,9 +8,10 @@
 //! estimated to fit and still runs out of memory, even alone on the device,
 //! is split then. A build side that, as collected, makes the join smaller
 //! than `gpu_join.min_rows` also goes to DataFusion's operator: the plan's
-//! statistics, which passed it, were only an estimate. So does one with
-//! fewer rows than `gpu_join.min_build_rows`, whose hash table DataFusion
-//! probes from the CPU's caches faster than the probe side crosses PCIe.
+//! statistics, which passed it, were only an estimate. So does a partition's
+//! build side in `Partitioned` mode with fewer rows than
+//! `gpu_join.min_build_rows`, whose hash table DataFusion probes from the
+//! CPU's caches faster than the probe side crosses PCIe.
 
 use std::sync::{Arc, LazyLock};
 
@@ -245,8 +246,13 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let bytes = transform_bytes(&self.definition, &schema, rows);
         let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
         let passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
-        let left_to_datafusion = choice::below_min_rows(&self.definition.planned, rows, options.min_rows)
-            .or_else(|| choice::below_min_build_rows(rows, options.min_build_rows));
+        let left_to_datafusion =
+            choice::below_min_rows(&self.definition.planned, rows, options.min_rows).or_else(|| match inputs.mode {
+                // One small table per partition: DataFusion builds them in
+                // parallel, the device pays its fixed costs for each.
+                PartitionMode::Partitioned => choice::below_min_build_rows(rows, options.min_build_rows),
+                _ => None,
+            });
         let whole = passes == 1 && left_to_datafusion.is_none();
         let input = CollectedInput {
             backend,
@@ -325,13 +331,6 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 Err(e) => return Err(e),
             }
         }
-        // Split, or joined by DataFusion's operator: every column whole.
-        let assembler = backend.clone();
-        let batch = run_blocking("collecting the build side", move || {
-            on_build_pool(|| concat_in_parallel(&assembler, &schema, &batches, rows))
-        })
-        .await?;
-        timer.done();
         let small = left_to_datafusion.is_some();
         let reason = match (left_to_datafusion, sortable) {
             (Some(reason), _) => Some(reason),
@@ -351,14 +350,24 @@ impl<B: JoinBackend> DeviceJoin<B> {
             (None, true) => None,
         };
         if let Some(reason) = reason {
+            timer.done();
             match small {
                 true => log::debug!("gpu_join: DataFusion's operator joins this build side: {reason}"),
                 false => log::warn!("gpu_join: DataFusion's operator joins this build side: {reason}"),
             }
             self.chosen.record_datafusion(&reason);
-            let join = in_key_order(&self.definition, hash_join_over(&self.twin, &batch, right, mode, partition)?);
+            // The batches as collected: DataFusion's operator reads them
+            // as they are, without a copy.
+            let join = in_key_order(&self.definition, hash_join_over(&self.twin, &batches, right, mode, partition)?);
             return Ok(Arc::new(CollectedBuild::OnCpu { join, _reservation: reservation }));
         }
+        // Split into passes: every column whole.
+        let assembler = backend.clone();
+        let batch = run_blocking("collecting the build side", move || {
+            on_build_pool(|| concat_in_parallel(&assembler, &schema, &batches, rows))
+        })
+        .await?;
+        timer.done();
         metrics.build_passes.add(passes);
         let keys = self.definition.build_keys.clone();
         let pieces =

@@ -44,7 +44,7 @@ pub(super) async fn join_chunk_on_cpu(
     }
     log::warn!("gpu_join: joining {} probe rows on DataFusion's operator: {error}", chunk.num_rows());
     let right = MemorySourceConfig::try_new_exec(&[vec![chunk]], twin.right().schema(), None)?;
-    collect(hash_join_over(twin, build, right, PartitionMode::CollectLeft, 0)?, context).await
+    collect(hash_join_over(twin, std::slice::from_ref(build), right, PartitionMode::CollectLeft, 0)?, context).await
 }
 
 /// Every output row of a partition that the device could not join whole
@@ -60,7 +60,7 @@ pub(super) async fn join_partition_on_cpu(
 ) -> Result<Vec<RecordBatch>> {
     log::warn!("gpu_join: joining a partition of {} probe rows on DataFusion's operator: {error}", probe.num_rows());
     let right = MemorySourceConfig::try_new_exec(&[vec![probe]], twin.right().schema(), None)?;
-    let join = hash_join_over(twin, build, right, PartitionMode::CollectLeft, 0)?;
+    let join = hash_join_over(twin, std::slice::from_ref(build), right, PartitionMode::CollectLeft, 0)?;
     collect(in_key_order(definition, join), context).await
 }
 
@@ -73,13 +73,13 @@ pub(super) fn in_key_order(definition: &JoinDefinition, join: Arc<dyn ExecutionP
     }
 }
 
-/// DataFusion's hash join of the build side's host copy with `right`. In
+/// DataFusion's hash join of the build side's host batches with `right`. In
 /// `CollectLeft` mode the build side serves every partition of `right`; in
 /// `Partitioned` mode it is partition `partition`'s alone, and only that
 /// partition of the join may be executed.
 pub(super) fn hash_join_over(
     twin: &HashJoinExec,
-    build: &RecordBatch,
+    build: &[RecordBatch],
     right: Arc<dyn ExecutionPlan>,
     mode: PartitionMode,
     partition: usize,
@@ -93,7 +93,7 @@ pub(super) fn hash_join_over(
         partitions.truncate(1);
     }
     match partitions.get_mut(at) {
-        Some(slot) => slot.push(build.clone()),
+        Some(slot) => slot.extend_from_slice(build),
         None => return internal_err!("GPU join: no partition {at} for the build side on DataFusion's operator"),
     }
     let left = MemorySourceConfig::try_new_exec(&partitions, twin.left().schema(), None)?;
