@@ -84,6 +84,10 @@ impl HostRows {
         self.rows
     }
 
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
     /// Columns of the side's schema.
     pub(crate) fn columns(&self) -> usize {
         self.schema.fields().len()
@@ -109,7 +113,7 @@ impl HostRows {
     }
 
     /// The schema's field of column `index`.
-    pub(crate) fn field(&self, index: usize) -> Result<&FieldRef> {
+    fn field(&self, index: usize) -> Result<&FieldRef> {
         match self.schema.fields().get(index) {
             Some(field) => Ok(field),
             None => internal_err!("column {index} taken of a side of {} columns", self.schema.fields().len()),

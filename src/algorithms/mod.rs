@@ -28,4 +28,5 @@ pub use pipeline::{
     BuildSide, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, Settle, evaluate_keys, finish_build_side,
     join_loaded_chunk, load_probe_chunk, prepare_build_side,
 };
+pub(crate) use side::columns_held;
 pub use strategy::{Algorithm, Strategy};

@@ -18,7 +18,7 @@ use super::materialize::output_batch;
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, resolve_in_key_order, resolve_probe_chunk};
-use super::side::{ColumnPlacement, PlacedColumns, SideView, has_host_columns, place_columns};
+use super::side::{ColumnPlacement, PlacedColumns, SideView, columns_held, has_host_columns, place_columns};
 use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
@@ -491,8 +491,7 @@ fn place_after_matching<B: JoinBackend>(
     output_rows: usize,
 ) -> Result<PlacedAfterMatching<B::Column>> {
     let columns = definition.probe_output_columns();
-    let mut held = columns.clone();
-    held.retain(|&i| chunk.field(i).is_ok_and(|f| backend.holds_column(f.data_type())));
+    let held = columns_held(backend, chunk.schema(), &columns);
     let enough = output_rows as f64 >= definition.probe_device_gather_ratio * chunk.rows() as f64;
     let to_device = if enough { held.as_slice() } else { &[] };
     let rows = chunk.with_whole_columns(backend, to_device)?;

@@ -1,6 +1,7 @@
 //! One side of a join as the match and materialize phases see it.
 
 use arrow::array::ArrayRef;
+use arrow::datatypes::Schema;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 
@@ -52,6 +53,13 @@ pub(crate) fn place_columns<B: JoinBackend>(
         });
     }
     Ok(PlacedColumns { placements, to_transform })
+}
+
+/// Those of `columns` whose type the backend holds: the columns a side
+/// may upload rather than take on the host.
+pub(crate) fn columns_held<B: JoinBackend>(backend: &B, schema: &Schema, columns: &[usize]) -> Vec<usize> {
+    let held = |&i: &usize| schema.fields().get(i).is_some_and(|f| backend.holds_column(f.data_type()));
+    columns.iter().copied().filter(held).collect()
 }
 
 /// Whether any needed column of a side is gathered on the host.

@@ -39,7 +39,8 @@ use super::passes::{BuildPasses, split_by_pass};
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
-    BuildSide, HostRows, LoadedChunk, ProbeColumns, Settle, finish_build_side, join_loaded_chunk, load_probe_chunk,
+    BuildSide, HostRows, LoadedChunk, ProbeColumns, Settle, columns_held, finish_build_side, join_loaded_chunk,
+    load_probe_chunk,
 };
 use crate::arrays::owned_slice;
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
@@ -490,10 +491,7 @@ async fn assemble_chunk<B: JoinBackend>(
     let known = definition.emits_every_probe_row() && ratio <= 1.0;
     let (columns, to_device) = match known || partition.join.probe_yield.columns_to_device(ratio) {
         true => {
-            let schema = inputs.right.schema();
-            let mut to_device = definition.probe_output_columns();
-            to_device.retain(|&i| schema.fields().get(i).is_some_and(|f| backend.holds_column(f.data_type())));
-            (ProbeColumns::Upload, to_device)
+            (ProbeColumns::Upload, columns_held(backend, &inputs.right.schema(), &definition.probe_output_columns()))
         }
         false => (ProbeColumns::AfterMatching, vec![]),
     };
