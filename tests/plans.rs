@@ -36,6 +36,27 @@ async fn context_with_tables(config: SessionConfig) -> SessionContext {
     ctx
 }
 
+/// DataFusion's `CollectLeft` hash join of two inputs on their column `k`
+/// (the first), without a filter.
+fn collect_left_join_on_k(
+    build: Arc<dyn ExecutionPlan>,
+    probe: Arc<dyn ExecutionPlan>,
+    join_type: JoinType,
+) -> HashJoinExec {
+    HashJoinExec::try_new(
+        build,
+        probe,
+        vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
+        None,
+        &join_type,
+        None,
+        PartitionMode::CollectLeft,
+        datafusion::common::NullEquality::NullEqualsNothing,
+        false,
+    )
+    .unwrap()
+}
+
 #[test]
 fn rule_sits_right_before_filter_pushdown_post_once() {
     let state = SessionStateBuilder::new().with_default_features().with_gpu_join().with_gpu_join().build();
@@ -107,18 +128,11 @@ async fn right_mark_join_runs_like_hash_join() {
         MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None).unwrap() as Arc<dyn ExecutionPlan>
     };
     let join = || {
-        HashJoinExec::try_new(
+        collect_left_join_on_k(
             side(vec![Some(1), Some(2), None, Some(2)]),
             side(vec![Some(2), Some(3), None, Some(1), Some(7)]),
-            vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
-            None,
-            &JoinType::RightMark,
-            None,
-            PartitionMode::CollectLeft,
-            datafusion::common::NullEquality::NullEqualsNothing,
-            false,
+            JoinType::RightMark,
         )
-        .unwrap()
     };
     let task = SessionContext::new().task_ctx();
     let expected = collect(Arc::new(join()), Arc::clone(&task)).await.unwrap();
@@ -403,18 +417,7 @@ async fn probe_order_is_kept_across_chunks() {
             .unwrap();
         let probe = datafusion::datasource::source::DataSourceExec::from_data_source(probe);
         let build = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], Arc::clone(&schema), None).unwrap();
-        let join = HashJoinExec::try_new(
-            build,
-            probe,
-            vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
-            None,
-            &join_type,
-            None,
-            PartitionMode::CollectLeft,
-            datafusion::common::NullEquality::NullEqualsNothing,
-            false,
-        )
-        .unwrap();
+        let join = collect_left_join_on_k(build, probe, join_type);
         let mut options = test_options();
         options.probe_chunk_rows = 250;
         let gpu = GpuJoinExec::try_new(&join, test_backend(), &options, ReplacedOperator::HashJoin).unwrap();
@@ -562,18 +565,7 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
             let build = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], Arc::clone(&schema), None).unwrap();
             let probe =
                 MemorySourceConfig::try_new_exec(std::slice::from_ref(probe), Arc::clone(&schema), None).unwrap();
-            let join = HashJoinExec::try_new(
-                build,
-                probe,
-                vec![(Arc::new(Column::new("k", 0)), Arc::new(Column::new("k", 0)))],
-                None,
-                &JoinType::Inner,
-                None,
-                PartitionMode::CollectLeft,
-                datafusion::common::NullEquality::NullEqualsNothing,
-                false,
-            )
-            .unwrap();
+            let join = collect_left_join_on_k(build, probe, JoinType::Inner);
             (GpuJoinExec::try_new(&join, test_backend(), options, ReplacedOperator::HashJoin).unwrap(), join)
         };
         let mut options = test_options();

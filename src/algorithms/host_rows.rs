@@ -88,11 +88,6 @@ impl HostRows {
         &self.schema
     }
 
-    /// Columns of the side's schema.
-    pub(crate) fn columns(&self) -> usize {
-        self.schema.fields().len()
-    }
-
     pub(crate) fn parts(&self) -> &[RecordBatch] {
         &self.parts
     }

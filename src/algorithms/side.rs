@@ -38,7 +38,7 @@ pub(crate) fn place_columns<B: JoinBackend>(
     columns: &[usize],
     space: Space,
 ) -> Result<PlacedColumns<B::Column>> {
-    let mut placements: Placements<B::Column> = (0..rows.columns()).map(|_| None).collect();
+    let mut placements: Placements<B::Column> = (0..rows.schema().fields().len()).map(|_| None).collect();
     let mut to_transform = vec![];
     for &i in columns {
         let Some(column) = rows.whole_column(i).filter(|c| backend.holds_column(c.data_type())) else {

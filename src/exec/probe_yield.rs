@@ -12,21 +12,32 @@
 //! here. Once the join's chunks so far have given at least
 //! `gpu_join.probe_device_gather_ratio` output rows per probe row, later
 //! chunks upload their columns as they are loaded, ahead of the join, as
-//! the pipeline overlaps best.
+//! the pipeline overlaps best; so do all chunks of a join that emits every
+//! probe row.
 //!
 //! [`ProbeColumns::AfterMatching`]: crate::algorithms::ProbeColumns::AfterMatching
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::algorithms::JoinDefinition;
+
 /// The probe and output rows of the chunks one join has joined so far,
 /// over all of its partitions.
 #[derive(Debug, Default)]
 pub(crate) struct ProbeYield {
+    /// Output rows per probe row the join gives whatever its chunks hold:
+    /// 1 for joins that emit every probe row, 0 for the others.
+    known: f64,
     probe_rows: AtomicU64,
     output_rows: AtomicU64,
 }
 
 impl ProbeYield {
+    pub fn for_join(definition: &JoinDefinition) -> Self {
+        let known = if definition.emits_every_probe_row() { 1.0 } else { 0.0 };
+        Self { known, ..Self::default() }
+    }
+
     pub fn record(&self, probe_rows: usize, output_rows: usize) {
         self.probe_rows.fetch_add(probe_rows as u64, Ordering::Relaxed);
         self.output_rows.fetch_add(output_rows as u64, Ordering::Relaxed);
@@ -35,9 +46,9 @@ impl ProbeYield {
     /// Whether the next chunk's output columns should be uploaded as it is
     /// loaded, given the least output rows per probe row (`ratio`) that
     /// pays for it; the first chunks, loaded before any is measured, are
-    /// placed after matching.
+    /// placed after matching unless the join is known to give that many.
     pub fn columns_to_device(&self, ratio: f64) -> bool {
-        if ratio <= 0.0 {
+        if ratio <= self.known {
             return true;
         }
         let probe_rows = self.probe_rows.load(Ordering::Relaxed);
@@ -59,5 +70,12 @@ mod tests {
         seen.record(1000, 500);
         assert!(seen.columns_to_device(0.25));
         assert!(!seen.columns_to_device(f64::INFINITY));
+    }
+
+    #[test]
+    fn joins_that_emit_every_probe_row_upload_from_the_first_chunk() {
+        let every = ProbeYield { known: 1.0, ..ProbeYield::default() };
+        assert!(every.columns_to_device(0.25) && every.columns_to_device(1.0));
+        assert!(!every.columns_to_device(1.5), "nothing measured yet");
     }
 }

@@ -51,13 +51,14 @@ pub(crate) fn runner_for(
     probe_partitions: usize,
     chosen: Arc<ChosenStrategies>,
 ) -> Arc<dyn JoinRunner> {
+    let probe_yield = ProbeYield::for_join(&definition);
     match backend {
         BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new(
-            DeviceJoin { device: (), definition, twin, chosen, probe_yield: ProbeYield::default() },
+            DeviceJoin { device: (), definition, twin, chosen, probe_yield },
             probe_partitions,
         )),
         BackendHandle::Cuda(device) => Arc::new(Runner::<CudaBackend>::new(
-            DeviceJoin { device: Arc::clone(device), definition, twin, chosen, probe_yield: ProbeYield::default() },
+            DeviceJoin { device: Arc::clone(device), definition, twin, chosen, probe_yield },
             probe_partitions,
         )),
     }

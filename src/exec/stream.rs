@@ -485,11 +485,8 @@ async fn assemble_chunk<B: JoinBackend>(
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let _staging = inputs.metrics.probe_staging_time.timer();
     let definition = &partition.join.definition;
-    let ratio = definition.probe_device_gather_ratio;
-    // A join that emits every probe row gives at least one output row per
-    // probe row, as much as any ratio up to 1 asks for.
-    let known = definition.emits_every_probe_row() && ratio <= 1.0;
-    let (columns, to_device) = match known || partition.join.probe_yield.columns_to_device(ratio) {
+    let (columns, to_device) = match partition.join.probe_yield.columns_to_device(definition.probe_device_gather_ratio)
+    {
         true => {
             (ProbeColumns::Upload, columns_held(backend, &inputs.right.schema(), &definition.probe_output_columns()))
         }
