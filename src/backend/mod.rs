@@ -100,6 +100,17 @@ pub fn positions_to_indices(positions: &[u32]) -> UInt32Array {
     positions.iter().map(|&p| (p != NULL_POSITION).then_some(p)).collect()
 }
 
+/// Bytes per value of a column held in backend memory, for the types
+/// backends hold: fixed-width values of 1 to 16 bytes, and booleans (one
+/// byte per row). Strings and nested types stay on the host.
+pub(crate) fn held_width(data_type: &DataType) -> Option<usize> {
+    match data_type {
+        DataType::Boolean => Some(1),
+        t if t.is_primitive() => t.primitive_width().filter(|w| matches!(w, 1 | 2 | 4 | 8 | 16)),
+        _ => None,
+    }
+}
+
 /// The most rows one relation or probe chunk may have: positions are `u32`
 /// and [`NULL_POSITION`] is reserved.
 pub const MAX_RELATION_ROWS: usize = (u32::MAX - 1) as usize;
@@ -328,9 +339,13 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// sides assembled from DataFusion's batches), when it has them to
     /// spare; `None` where backend memory is host memory.
     fn transfer_memory(&self, bytes: usize) -> Option<Box<dyn TransferMemory>>;
-    /// Whether columns of this type can live in backend memory; other columns
-    /// are gathered on the host from row ids.
-    fn holds_column(&self, data_type: &DataType) -> bool;
+    /// Whether columns of this type live in backend memory; other columns
+    /// are taken on the host from row ids. The reference backend holds the
+    /// same types as the device, so that the host paths of the columns the
+    /// device cannot hold are tested wherever the join runs.
+    fn holds_column(&self, data_type: &DataType) -> bool {
+        held_width(data_type).is_some()
+    }
     /// A column in backend memory. Its transfer may still run when this
     /// returns (it holds on to `array`'s memory meanwhile): other instances
     /// may read the column once [`JoinBackend::finish`] has returned.

@@ -13,7 +13,6 @@ use std::sync::{Arc, OnceLock};
 
 use arrow::array::ArrayRef;
 use arrow::compute::take;
-use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
 use rayon::prelude::*;
@@ -104,10 +103,6 @@ impl JoinBackend for CpuBackend {
 
     fn transfer_memory(&self, _bytes: usize) -> Option<Box<dyn TransferMemory>> {
         None
-    }
-
-    fn holds_column(&self, _data_type: &DataType) -> bool {
-        true
     }
 
     fn upload_column(&self, array: &ArrayRef) -> Result<ArrayRef> {

@@ -15,7 +15,7 @@ use datafusion::error::Result;
 
 use super::CudaBackend;
 use super::memory::DeviceBuffer;
-use crate::backend::JoinBackend;
+use crate::backend::{JoinBackend, held_width};
 
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
 const GATHER_ITEMS: u64 = 4;
@@ -32,15 +32,6 @@ pub struct CudaColumn {
     pub(crate) values: Arc<DeviceBuffer<u8>>,
     /// One byte per row, 1 for valid; `None` when no value is null.
     pub(crate) validity: Option<Arc<DeviceBuffer<u8>>>,
-}
-
-/// Bytes per value on the device, for the types the device holds.
-pub(crate) fn device_width(data_type: &DataType) -> Option<usize> {
-    match data_type {
-        DataType::Boolean => Some(1),
-        t if t.is_primitive() => t.primitive_width().filter(|w| matches!(w, 1 | 2 | 4 | 8 | 16)),
-        _ => None,
-    }
 }
 
 impl CudaBackend {
@@ -67,7 +58,7 @@ impl CudaBackend {
 
     pub(crate) fn upload_array(&self, array: &ArrayRef) -> Result<CudaColumn> {
         let data_type = array.data_type().clone();
-        let width = device_width(&data_type)
+        let width = held_width(&data_type)
             .ok_or_else(|| internal_datafusion_err!("the CUDA backend does not hold {data_type} columns"))?;
         let data = array.to_data();
         let (offset, len) = (data.offset(), data.len());

@@ -14,7 +14,6 @@ mod transform;
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
-use arrow::datatypes::DataType;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
@@ -177,10 +176,6 @@ impl JoinBackend for CudaBackend {
 
     fn len<T: Element>(&self, vector: &DeviceBuffer<T>) -> usize {
         vector.len()
-    }
-
-    fn holds_column(&self, data_type: &DataType) -> bool {
-        column::device_width(data_type).is_some()
     }
 
     /// Transfers of 1 MiB or less skip the pool: a block would stay lent
