@@ -9,7 +9,9 @@
 //! that set would be repeated once per batch, and again at each join of a
 //! chain (30,080 buffers in one 64-row batch after three joins in the
 //! integration test `string_views_carried_through_joined_joins_stay_compact`),
-//! and every later `take` and memory count walks all of them. Here each
+//! and every later `take` and memory count walks all of them. Arrow's
+//! `interleave`, which takes a side's rows from the batches they came in,
+//! keeps a shared buffer once per batch in the same way. Here each
 //! distinct buffer is kept once, and an array that uses less than half of
 //! the bytes it holds is compacted, as arrow's own coalescer does.
 //!
@@ -29,7 +31,7 @@ use arrow::array::{
     RecordBatch, RecordBatchOptions, make_array,
 };
 use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::compute::concat;
+use arrow::compute::{concat, interleave};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, SchemaRef, StringViewType};
 use datafusion::common::internal_err;
 use datafusion::error::Result;
@@ -70,6 +72,35 @@ pub(crate) fn owned_slice(batch: &RecordBatch, offset: usize, len: usize) -> Res
     )?)
 }
 
+/// `batch` with each string or binary view column that uses less than half
+/// of the bytes it holds compacted, the other columns as they are. The
+/// batches of DataFusion's own join, which the operator hands on where
+/// DataFusion's operator joins for it, each share every buffer of the
+/// build side's string views: a join above that collects them (arrow's
+/// `concat`) would keep the shared buffers once per batch, and every later
+/// gather would walk and count them all (TPC-H Q21 at scale factor 10:
+/// thousands of references to one buffer in every batch).
+pub(crate) fn compacted(batch: &RecordBatch) -> Result<RecordBatch> {
+    let column = |column: &ArrayRef| match column.data_type() {
+        DataType::Utf8View => compacted_views::<StringViewType>(column),
+        DataType::BinaryView => compacted_views::<BinaryViewType>(column),
+        _ => Arc::clone(column),
+    };
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        batch.columns().iter().map(column).collect(),
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
+}
+
+fn compacted_views<T: ByteViewType>(column: &ArrayRef) -> ArrayRef {
+    let array = column.as_byte_view::<T>();
+    match sparse(array) {
+        true => Arc::new(array.gc()),
+        false => Arc::clone(column),
+    }
+}
+
 fn owned_rows(slice: &ArrayRef) -> Result<ArrayRef> {
     let data_type = slice.data_type();
     match data_type {
@@ -96,7 +127,7 @@ fn owned_rows(slice: &ArrayRef) -> Result<ArrayRef> {
 fn owned_views<T: ByteViewType>(slice: &ArrayRef) -> ArrayRef {
     let array = slice.as_byte_view::<T>();
     if sparse(array) {
-        return Arc::new(array.gc());
+        return compacted_views::<T>(slice);
     }
     let views = array.views().inner();
     let Ok(views) = owned_bytes(views, 0, views.len()) else {
@@ -136,42 +167,96 @@ fn concat_views<T: ByteViewType>(arrays: &[&dyn Array]) -> Result<ArrayRef> {
     let len = arrays.iter().map(|a| a.len()).sum();
     let mut views = Vec::with_capacity(len);
     let mut nulls = NullBufferBuilder::new(len);
-    let mut buffers: Vec<Buffer> = vec![];
-    // A buffer is the same buffer when it starts at the same address with
-    // the same length.
-    let mut index_of: HashMap<(usize, usize), u32> = HashMap::new();
+    let mut buffers = DistinctBuffers::default();
     for array in arrays {
         let array = array.as_byte_view::<T>();
-        let remap = array
-            .data_buffers()
-            .iter()
-            .map(|buffer| {
-                *index_of.entry((buffer.as_ptr() as usize, buffer.len())).or_insert_with(|| {
-                    buffers.push(buffer.clone());
-                    (buffers.len() - 1) as u32
-                })
-            })
-            .collect::<Vec<u32>>();
-        views.extend(array.views().iter().map(|&view| {
-            let mut view = ByteView::from(view);
-            if view.length <= MAX_INLINE_VIEW_LEN {
-                return view.as_u128();
-            }
-            view.buffer_index = remap[view.buffer_index as usize];
-            view.as_u128()
-        }));
+        let remap = buffers.remap(array);
+        views.extend(array.views().iter().map(|&view| remapped(view, &remap)));
         match array.nulls() {
             Some(n) => nulls.append_buffer(n),
             None => nulls.append_n_non_nulls(array.len()),
         }
     }
-    // SAFETY: every view comes from a valid array of the same type; only its
-    // buffer index changed, to the position of the very same buffer in
-    // `buffers`. Inline views carry no index and are copied unchanged.
-    let array = unsafe { GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::from(views), buffers, nulls.finish()) };
-    match sparse(&array) {
-        true => Ok(Arc::new(array.gc())),
-        false => Ok(Arc::new(array)),
+    Ok(buffers.into_array::<T>(views, nulls.finish()))
+}
+
+/// The values at `indices` (array, row) of `arrays`, as arrow's
+/// `interleave`, which for view types keeps a buffer once per input array
+/// that holds it: a join's output taken from thousands of batches that
+/// share one set of buffers would hold thousands of copies of the set.
+pub(crate) fn interleave_arrays(arrays: &[&dyn Array], indices: &[(usize, usize)]) -> Result<ArrayRef> {
+    match arrays.first().map(|a| a.data_type()) {
+        Some(DataType::Utf8View) => interleave_views::<StringViewType>(arrays, indices),
+        Some(DataType::BinaryView) => interleave_views::<BinaryViewType>(arrays, indices),
+        _ => Ok(interleave(arrays, indices)?),
+    }
+}
+
+fn interleave_views<T: ByteViewType>(arrays: &[&dyn Array], indices: &[(usize, usize)]) -> Result<ArrayRef> {
+    let arrays: Vec<&GenericByteViewArray<T>> = arrays.iter().map(|a| a.as_byte_view::<T>()).collect();
+    let mut buffers = DistinctBuffers::default();
+    let remaps: Vec<Vec<u32>> = arrays.iter().map(|array| buffers.remap(array)).collect();
+    let mut views = Vec::with_capacity(indices.len());
+    for &(array, row) in indices {
+        let (Some(source), Some(remap)) = (arrays.get(array), remaps.get(array)) else {
+            return internal_err!("a value taken of array {array} of {}", arrays.len());
+        };
+        match source.views().get(row) {
+            Some(&view) => views.push(remapped(view, remap)),
+            None => return internal_err!("row {row} taken of an array of {} values", source.len()),
+        }
+    }
+    let nulls = arrays.iter().any(|a| a.null_count() > 0).then(|| {
+        NullBuffer::from(indices.iter().map(|&(array, row)| arrays[array].is_valid(row)).collect::<Vec<bool>>())
+    });
+    Ok(buffers.into_array::<T>(views, nulls))
+}
+
+/// `view` with its buffer index mapped through `remap`; inline views carry
+/// no index and stay as they are.
+fn remapped(view: u128, remap: &[u32]) -> u128 {
+    let mut view = ByteView::from(view);
+    if view.length <= MAX_INLINE_VIEW_LEN {
+        return view.as_u128();
+    }
+    view.buffer_index = remap[view.buffer_index as usize];
+    view.as_u128()
+}
+
+/// The data buffers of view arrays, each distinct buffer once: a buffer is
+/// the same buffer when it starts at the same address with the same length.
+#[derive(Default)]
+struct DistinctBuffers {
+    buffers: Vec<Buffer>,
+    index_of: HashMap<(usize, usize), u32>,
+}
+
+impl DistinctBuffers {
+    /// Where each of `array`'s buffers lies among the distinct ones.
+    fn remap<T: ByteViewType>(&mut self, array: &GenericByteViewArray<T>) -> Vec<u32> {
+        array
+            .data_buffers()
+            .iter()
+            .map(|buffer| {
+                *self.index_of.entry((buffer.as_ptr() as usize, buffer.len())).or_insert_with(|| {
+                    self.buffers.push(buffer.clone());
+                    (self.buffers.len() - 1) as u32
+                })
+            })
+            .collect()
+    }
+
+    /// An array of `views` remapped by [`DistinctBuffers::remap`] over
+    /// these buffers, compacted when sparse.
+    fn into_array<T: ByteViewType>(self, views: Vec<u128>, nulls: Option<NullBuffer>) -> ArrayRef {
+        // SAFETY: every view comes from a valid array of the same type; only
+        // its buffer index changed, to the position of the very same buffer
+        // here. Inline views carry no index and are copied unchanged.
+        let array = unsafe { GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::from(views), self.buffers, nulls) };
+        match sparse(&array) {
+            true => Arc::new(array.gc()),
+            false => Arc::new(array),
+        }
     }
 }
 
@@ -209,6 +294,27 @@ mod tests {
         );
         assert_eq!(ours.as_string_view().data_buffers().len(), source.data_buffers().len());
         assert!(arrows.as_string_view().data_buffers().len() >= 40 * source.data_buffers().len());
+        Ok(())
+    }
+
+    #[test]
+    fn rows_interleaved_from_pieces_keep_shared_buffers_once() -> Result<()> {
+        let source = names(5_000);
+        let pieces = (0..300u32)
+            .map(|p| take(&source, &UInt32Array::from_iter_values((0..50).map(|i| (i * 37 + p * 11) % 5_000)), None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let refs: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
+        let indices: Vec<(usize, usize)> = (0..20_000).map(|i| ((i * 7919) % 300, (i * 31) % 50)).collect();
+        let ours = interleave_arrays(&refs, &indices)?;
+        let arrows = interleave(&refs, &indices)?;
+        assert_eq!(ours.as_ref(), arrows.as_ref());
+        assert!(ours.null_count() > 0);
+        assert_eq!(ours.as_string_view().data_buffers().len(), source.data_buffers().len());
+        // Arrow's keeps a buffer once per piece whose rows use it.
+        let buffers = |array: &ArrayRef| array.as_string_view().data_buffers().len();
+        assert!(buffers(&arrows) > 50 * buffers(&ours), "{} against {}", buffers(&arrows), buffers(&ours));
+        assert!(interleave_arrays(&refs, &[(300, 0)]).is_err());
+        assert!(interleave_arrays(&refs, &[(0, 50)]).is_err());
         Ok(())
     }
 
@@ -255,6 +361,33 @@ mod tests {
         }
         assert_eq!(offset, rows);
         assert!(counted < 2 * whole, "slices count {counted} bytes, the batch {whole}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_batch_is_compacted_only_where_its_views_are_sparse() -> Result<()> {
+        use arrow::array::Int64Array;
+        use arrow::datatypes::{Field, Schema};
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("sparse", DataType::Utf8View, true),
+            Field::new("dense", DataType::Utf8View, true),
+        ]));
+        let source = names(100_000);
+        let picks = UInt32Array::from_iter_values((0..1_000).map(|i| i * 97));
+        let dense = names(1_000);
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Int64Array::from_iter_values(0..1_000)), take(&source, &picks, None)?, Arc::new(dense)],
+        )?;
+        let compact = compacted(&batch)?;
+        assert_eq!(compact, batch);
+        let held = |b: &RecordBatch, i: usize| -> usize {
+            b.column(i).as_string_view().data_buffers().iter().map(Buffer::len).sum()
+        };
+        assert!(held(&compact, 1) * 10 < held(&batch, 1), "{} of {}", held(&compact, 1), held(&batch, 1));
+        assert!(Arc::ptr_eq(compact.column(2), batch.column(2)) && Arc::ptr_eq(compact.column(0), batch.column(0)));
         Ok(())
     }
 

@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayData, ArrayRef, UInt32Array, make_array, new_empty_array, new_null_array};
 use arrow::buffer::MutableBuffer;
-use arrow::compute::{interleave, take};
+use arrow::compute::take;
 use arrow::datatypes::{FieldRef, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use crate::arrays::{concat_arrays, concat_record_batches};
+use crate::arrays::{concat_arrays, concat_record_batches, interleave_arrays};
 use crate::backend::JoinBackend;
 
 /// A side's rows on the host (the build side, or a probe chunk).
@@ -179,7 +179,7 @@ impl<'a> TakenRows<'a> {
         let padding = (self.rows.null_count() > 0).then(|| new_null_array(field.data_type(), 1));
         let mut arrays: Vec<&dyn Array> = host.parts.iter().map(|p| p.column(index).as_ref()).collect();
         arrays.extend(padding.as_deref());
-        Ok(interleave(&arrays, located)?)
+        interleave_arrays(&arrays, located)
     }
 }
 

@@ -42,7 +42,7 @@ use crate::algorithms::{
     BuildSide, HostRows, LoadedChunk, ProbeColumns, Settle, columns_held, finish_build_side, join_loaded_chunk,
     load_probe_chunk,
 };
-use crate::arrays::owned_slice;
+use crate::arrays::{compacted, owned_slice};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
@@ -741,7 +741,7 @@ impl<'a> OutputSender<'a> {
             }
             // A slice of a chunk would count the whole chunk's memory.
             let slice = match len == batch.num_rows() {
-                true => batch.clone(),
+                true => compacted(&batch)?,
                 false => owned_slice(&batch, offset, len)?,
             }
             .record_output(&self.inputs.metrics.baseline);
