@@ -203,7 +203,7 @@ extensions_options! {
         /// side as collected. The default is where the GPU session started to
         /// win on the operator benchmark (docs/benchmarks.md).
         pub min_rows: usize, default = 10_000_000
-        /// In `Partitioned` mode, a partition whose build side has fewer
+        /// A build side (a partition's, in `Partitioned` mode) with fewer
         /// rows as collected is joined by DataFusion's operator: its hash
         /// table then sits in the CPU's caches and it probes faster than
         /// probe rows cross PCIe (docs/benchmarks.md, TPC-H at SF 10).

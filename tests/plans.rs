@@ -300,12 +300,11 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
     }
 }
 
-/// In `Partitioned` mode, a partition whose build side has fewer rows than
+/// A build side (a partition's, in `Partitioned` mode) with fewer rows than
 /// `gpu_join.min_build_rows` as collected is joined by DataFusion's
-/// operator, and EXPLAIN ANALYZE says why; at the limit, and in
-/// `CollectLeft` mode, the device joins it.
+/// operator, and EXPLAIN ANALYZE says why; at the limit the device joins it.
 #[tokio::test]
-async fn a_small_build_side_of_a_partition_is_left_to_datafusion() {
+async fn a_small_build_side_is_left_to_datafusion() {
     let partitioned = [
         "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
         "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
@@ -325,7 +324,7 @@ async fn a_small_build_side_of_a_partition_is_left_to_datafusion() {
         }
         let expected = sorted_rows(&run(&reference, sql).await);
         // 40 build rows in all; each of the 4 partitions has fewer.
-        for (min_build_rows, on_datafusion) in [(41, mode == "Partitioned"), (0, false)] {
+        for (min_build_rows, on_datafusion) in [(41, true), (40, mode == "Partitioned"), (0, false)] {
             run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
             let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
             let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();

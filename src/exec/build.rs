@@ -8,8 +8,8 @@
 //! estimated to fit and still runs out of memory, even alone on the device,
 //! is split then. A build side that, as collected, makes the join smaller
 //! than `gpu_join.min_rows` also goes to DataFusion's operator: the plan's
-//! statistics, which passed it, were only an estimate. So does a partition's
-//! build side in `Partitioned` mode with fewer rows than
+//! statistics, which passed it, were only an estimate. So does a build side
+//! (a partition's, in `Partitioned` mode) with fewer rows than
 //! `gpu_join.min_build_rows`, whose hash table DataFusion probes from the
 //! CPU's caches faster than the probe side crosses PCIe.
 
@@ -246,13 +246,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let bytes = transform_bytes(&self.definition, &schema, rows);
         let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
         let passes = pass_count(rows, bytes, pass_bytes, options.build_pass_rows);
-        let left_to_datafusion =
-            choice::below_min_rows(&self.definition.planned, rows, options.min_rows).or_else(|| match inputs.mode {
-                // One small table per partition: DataFusion builds them in
-                // parallel, the device pays its fixed costs for each.
-                PartitionMode::Partitioned => choice::below_min_build_rows(rows, options.min_build_rows),
-                _ => None,
-            });
+        let left_to_datafusion = choice::below_min_rows(&self.definition.planned, rows, options.min_rows)
+            .or_else(|| choice::below_min_build_rows(rows, options.min_build_rows));
         let whole = passes == 1 && left_to_datafusion.is_none();
         let input = CollectedInput {
             backend,
