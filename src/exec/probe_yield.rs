@@ -13,7 +13,9 @@
 //! `gpu_join.probe_device_gather_ratio` output rows per probe row, later
 //! chunks upload their columns as they are loaded, ahead of the join, as
 //! the pipeline overlaps best; so do all chunks of a join that emits every
-//! probe row.
+//! probe row. The decision is taken as a chunk is assembled, and again
+//! before it is loaded: chunks staged ahead while the build side was
+//! prepared are loaded after the first chunks have been measured.
 //!
 //! [`ProbeColumns::AfterMatching`]: crate::algorithms::ProbeColumns::AfterMatching
 

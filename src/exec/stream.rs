@@ -459,6 +459,7 @@ async fn load_chunks<B: JoinBackend>(
             // Nothing is joined yet: the partition joins in passes instead.
             BuildNow::Split(passes) => return Ok(Some(passes)),
         };
+        let (chunk, columns) = placed_as_measured(partition, chunk, columns).await?;
         let permit = partition.admitted().await?;
         let loaded = load_chunk(partition, &backend, &build, chunk, columns).await?;
         // Neither is held while the joiner is busy: it may need the device
@@ -481,20 +482,47 @@ async fn assemble_chunk<B: JoinBackend>(
     backend: &B,
     staged: StagedChunk,
 ) -> Result<(HostRows, ProbeColumns)> {
-    let inputs = partition.inputs;
-    let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-    let _staging = inputs.metrics.probe_staging_time.timer();
-    let definition = &partition.join.definition;
-    let (columns, to_device) = match partition.join.probe_yield.columns_to_device(definition.probe_device_gather_ratio)
-    {
-        true => {
-            (ProbeColumns::Upload, columns_held(backend, &inputs.right.schema(), &definition.probe_output_columns()))
-        }
-        false => (ProbeColumns::AfterMatching, vec![]),
-    };
+    let _compute = partition.inputs.metrics.baseline.elapsed_compute().timer();
+    let _staging = partition.inputs.metrics.probe_staging_time.timer();
+    let (columns, to_device) = probe_columns(partition, backend);
     let backend = backend.clone();
     let rows = run_blocking("assembling a probe chunk", move || staged.assemble(&backend, &to_device)).await?;
     Ok((rows, columns))
+}
+
+/// How the next probe chunk's output columns are placed, and those of them
+/// to assemble for the upload.
+fn probe_columns<B: JoinBackend>(partition: &Partition<'_, B>, backend: &B) -> (ProbeColumns, Vec<usize>) {
+    let definition = &partition.join.definition;
+    match partition.join.probe_yield.columns_to_device(definition.probe_device_gather_ratio) {
+        true => (
+            ProbeColumns::Upload,
+            columns_held(backend, &partition.inputs.right.schema(), &definition.probe_output_columns()),
+        ),
+        false => (ProbeColumns::AfterMatching, vec![]),
+    }
+}
+
+/// A chunk assembled to be placed after matching, before the join had
+/// measured enough output rows, as the chunks joined since have measured
+/// them: its columns are assembled now, before it is loaded, so that their
+/// upload overlaps the previous chunk's join rather than following its own
+/// matching.
+async fn placed_as_measured<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    chunk: HostRows,
+    columns: ProbeColumns,
+) -> Result<(HostRows, ProbeColumns)> {
+    let backend = &partition.build_backend;
+    let (ProbeColumns::AfterMatching, (ProbeColumns::Upload, to_device)) = (columns, probe_columns(partition, backend))
+    else {
+        return Ok((chunk, columns));
+    };
+    let _compute = partition.inputs.metrics.baseline.elapsed_compute().timer();
+    let _staging = partition.inputs.metrics.probe_staging_time.timer();
+    let backend = backend.clone();
+    let rows = run_blocking("assembling a probe chunk", move || chunk.with_whole_columns(&backend, &to_device)).await?;
+    Ok((rows, ProbeColumns::Upload))
 }
 
 /// Loads a probe chunk, in one blocking job; a chunk that runs out of
