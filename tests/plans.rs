@@ -494,7 +494,9 @@ async fn sort_merge_join_order_is_kept_without_its_sorts() {
 /// Strings carried through a chain of joins (TPC-H Q21's supplier names)
 /// come out of every join with as few data buffers as they went in: each
 /// join's output batches share their source's buffers, and the join above
-/// must not repeat them once per batch when it concatenates them.
+/// must not repeat them once per batch when it concatenates them. So too
+/// where DataFusion's operator joins for the GPU join (build sides below
+/// `min_build_rows`), whose output batches the GPU join hands on.
 #[tokio::test]
 async fn string_views_carried_through_joined_joins_stay_compact() {
     let config = SessionConfig::new().with_target_partitions(2).with_batch_size(64);
@@ -512,14 +514,23 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
                  JOIN orders o ON i.ik = o.ik JOIN item i2 ON i2.ik = o.ik WHERE o.flag <> 1";
     let plan = physical_plan_text(&gpu, query).await;
     assert_eq!(plan.matches("GpuJoinExec").count(), 3, "{plan}");
-    let batches = run(&gpu, query).await;
-    assert_eq!(sorted_rows(&batches), sorted_rows(&run(&cpu, query).await));
     let buffers = |batches: &[RecordBatch]| -> Vec<usize> {
         batches.iter().map(|b| b.column(0).as_string_view().data_buffers().len()).collect()
     };
     let names: usize = buffers(&run(&cpu, "SELECT name FROM supplier").await).iter().sum();
-    let most = buffers(&batches).into_iter().max().unwrap_or(0);
-    assert!(most <= names, "{most} data buffers in one output batch; the names came in {names}");
+    let expected = sorted_rows(&run(&cpu, query).await);
+    for (min_build_rows, on_datafusion) in [(0, 0), (1 << 20, 3)] {
+        run(&gpu, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+        let analyzed =
+            arrow::util::pretty::pretty_format_batches(&run(&gpu, &format!("EXPLAIN ANALYZE {query}")).await)
+                .unwrap()
+                .to_string();
+        assert_eq!(analyzed.matches("algorithm=DataFusion").count(), on_datafusion, "{analyzed}");
+        let batches = run(&gpu, query).await;
+        assert_eq!(sorted_rows(&batches), expected, "min_build_rows = {min_build_rows}");
+        let most = buffers(&batches).into_iter().max().unwrap_or(0);
+        assert!(most <= names, "{most} data buffers in one output batch; the names came in {names}");
+    }
 }
 
 /// A probe chunk's output columns are uploaded when the chunk has enough
