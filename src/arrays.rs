@@ -127,7 +127,7 @@ fn owned_rows(slice: &ArrayRef) -> Result<ArrayRef> {
 fn owned_views<T: ByteViewType>(slice: &ArrayRef) -> ArrayRef {
     let array = slice.as_byte_view::<T>();
     if sparse(array) {
-        return compacted_views::<T>(slice);
+        return Arc::new(array.gc());
     }
     let views = array.views().inner();
     let Ok(views) = owned_bytes(views, 0, views.len()) else {

@@ -148,11 +148,11 @@ pub fn below_min_rows(planned: &PlannedSizes, build_rows: usize, min_rows: usize
     })
 }
 
-/// Why DataFusion's operator, not the device, should join a build side
-/// (a partition's, in `Partitioned` mode) of `build_rows` rows as collected: below `min_build_rows` its
-/// hash table sits in the CPU's caches, where DataFusion probes each row for
-/// less than moving the row's key over PCIe costs. `None` to join on the
-/// device.
+/// Why DataFusion's operator, not the device, should join a build side (a
+/// partition's, in `Partitioned` mode) of `build_rows` rows as collected:
+/// below `min_build_rows` its hash table sits in the CPU's caches, where
+/// DataFusion probes each row for less than moving the row's key over PCIe
+/// costs. `None` to join on the device.
 pub fn below_min_build_rows(build_rows: usize, min_build_rows: usize) -> Option<String> {
     (build_rows < min_build_rows)
         .then(|| format!("{build_rows} build rows as collected, below gpu_join.min_build_rows = {min_build_rows}"))
