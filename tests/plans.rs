@@ -4,22 +4,31 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::JoinType;
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::algorithms::choice::plan_statistics;
 use datafusion_gpu_join::backend::cuda_backend;
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::exec::ReplacedOperator;
 use datafusion_gpu_join::{GpuJoinContextExt, GpuJoinExec, GpuJoinRule, NotOnGpu, Placement, SessionStateBuilderExt};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::common::{
     datafusion_context, gpu_context, physical_plan_text, run, sorted_rows, test_backend, test_options, total_rows,
@@ -591,5 +600,110 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
         let metrics = gpu.metrics().unwrap();
         let taken = metrics.sum_by_name("probe_chunks_on_host").map_or(0, |m| m.as_usize());
         assert_eq!(taken, on_host, "{name}: chunks whose columns were taken on the host, of {chunks}");
+    }
+}
+
+/// A partition stream of fixed batches. A waiting build side waits until
+/// some probe partition has handed out a batch, and fails after a few
+/// seconds without one; the probe side's reports its first batch.
+#[derive(Debug)]
+struct RacingSide {
+    schema: Arc<Schema>,
+    batches: Vec<RecordBatch>,
+    probe_read: Arc<AtomicBool>,
+    waits_for_probe: bool,
+}
+
+impl PartitionStream for RacingSide {
+    fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let (batches, probe_read) = (self.batches.clone(), Arc::clone(&self.probe_read));
+        let stream: BoxStream<'static, datafusion::error::Result<RecordBatch>> = match self.waits_for_probe {
+            true => futures::stream::once(async move {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while !probe_read.load(Ordering::Acquire) {
+                    if Instant::now() > deadline {
+                        return Err(DataFusionError::Execution(
+                            "the probe input was not read while the build side was collected".into(),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Ok(futures::stream::iter(batches.into_iter().map(Ok)))
+            })
+            .try_flatten()
+            .boxed(),
+            false => futures::stream::iter(batches.into_iter().map(Ok))
+                .inspect(move |_| probe_read.store(true, Ordering::Release))
+                .boxed(),
+        };
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
+    }
+}
+
+/// Registers `b` (build, 2 partitions) and `p` (probe, 3 partitions), each
+/// a `(k, v)` table of `rows` rows over `keys` keys; `b` waits for `p` to be
+/// read when `build_waits`.
+fn register_racing_tables(ctx: &SessionContext, build_waits: bool) {
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Int64, false)]));
+    let probe_read = Arc::new(AtomicBool::new(false));
+    for (name, partitions, rows, keys, waits_for_probe) in
+        [("b", 2, 3000, 1000, build_waits), ("p", 3, 9000, 4000, false)]
+    {
+        let sides = (0..partitions)
+            .map(|part| {
+                let batches = (0..3)
+                    .map(|piece| {
+                        let ids = (0..rows / partitions / 3).map(|i| (i * partitions * 3 + part * 3 + piece) as i64);
+                        let k: Int64Array = ids.clone().map(|i| (i % 7 != 0).then_some(i * 31 % keys)).collect();
+                        let v: Int64Array = ids.collect();
+                        RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap()
+                    })
+                    .collect();
+                let side = RacingSide {
+                    schema: Arc::clone(&schema),
+                    batches,
+                    probe_read: Arc::clone(&probe_read),
+                    waits_for_probe,
+                };
+                Arc::new(side) as Arc<dyn PartitionStream>
+            })
+            .collect();
+        let table = StreamingTable::try_new(Arc::clone(&schema), sides).unwrap();
+        ctx.deregister_table(name).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+}
+
+/// A partition reads its probe input while the build side is collected,
+/// whether the device or DataFusion's operator then joins it: here the build
+/// input waits for the probe input, and a GPU join that read the two one
+/// after the other would fail. (DataFusion's own plan would: its hash
+/// repartitions start their inputs one after the other, so the reference
+/// runs over a build side that does not wait.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_probe_input_is_read_while_the_build_side_is_collected() {
+    let sql = "SELECT b.k, b.v, p.v FROM b JOIN p ON b.k = p.k";
+    let reference = datafusion_context(SessionConfig::new().with_target_partitions(4));
+    register_racing_tables(&reference, false);
+    let expected = sorted_rows(&run(&reference, sql).await);
+    assert!(expected.len() > 3000, "{} rows", expected.len());
+    for (min_build_rows, on_datafusion) in [(0, false), (1 << 20, true)] {
+        let ctx = gpu_context(SessionConfig::new().with_target_partitions(4));
+        run(&ctx, "SET gpu_join.probe_chunk_rows = 1000").await;
+        run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+        register_racing_tables(&ctx, true);
+        let plan = physical_plan_text(&ctx, sql).await;
+        assert!(plan.contains("GpuJoinExec") && plan.contains("mode=CollectLeft"), "{plan}");
+        assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "min_build_rows = {min_build_rows}");
+        register_racing_tables(&ctx, true);
+        let analyzed = arrow::util::pretty::pretty_format_batches(&run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await)
+            .unwrap()
+            .to_string();
+        assert_eq!(analyzed.contains("algorithm=DataFusion"), on_datafusion, "{analyzed}");
     }
 }

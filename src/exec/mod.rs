@@ -14,6 +14,7 @@ mod key_order;
 mod metrics;
 mod passes;
 mod probe_yield;
+mod read_ahead;
 mod runner;
 mod staging;
 mod stream;
