@@ -679,8 +679,9 @@ fn register_racing_tables(ctx: &SessionContext, build_waits: bool) {
     }
 }
 
-/// A partition reads its probe input while the build side is collected,
-/// whether the device or DataFusion's operator then joins it: here the build
+/// With `probe_read_ahead_rows` set, a partition reads its probe input while
+/// the build side is collected, whether the device or DataFusion's operator
+/// then joins it: here the build
 /// input waits for the probe input, and a GPU join that read the two one
 /// after the other would fail. (DataFusion's own plan would: its hash
 /// repartitions start their inputs one after the other, so the reference
@@ -694,7 +695,7 @@ async fn the_probe_input_is_read_while_the_build_side_is_collected() {
     assert!(expected.len() > 3000, "{} rows", expected.len());
     for (min_build_rows, on_datafusion) in [(0, false), (1 << 20, true)] {
         let ctx = gpu_context(SessionConfig::new().with_target_partitions(4));
-        run(&ctx, "SET gpu_join.probe_chunk_rows = 1000").await;
+        run(&ctx, "SET gpu_join.probe_read_ahead_rows = 1000").await;
         run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
         register_racing_tables(&ctx, true);
         let plan = physical_plan_text(&ctx, sql).await;

@@ -4,8 +4,10 @@
 //! collected runs the two scans one after the other; DataFusion's does (its
 //! hash repartitions start their inputs when first polled). The probe scan
 //! does not depend on the build side, so each partition of the GPU join
-//! reads ahead, up to one probe chunk, while it waits, and the device has a
-//! chunk to upload as soon as the build side is placed.
+//! can read ahead, up to `gpu_join.probe_read_ahead_rows`, while it waits.
+//! It is off by default: it evened TPC-H Q19, whose join goes to
+//! DataFusion's operator, but slowed Q12, a device join of a large build
+//! side, for a cause not yet found (docs/benchmarks.md).
 //!
 //! The rows read ahead go on to whatever joins the partition: the device
 //! pipeline, or DataFusion's operator, which reads them through

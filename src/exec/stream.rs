@@ -240,7 +240,8 @@ async fn join_partition<B: JoinBackend>(
     let ahead =
         MemoryConsumer::new(format!("GpuJoinProbeAhead[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let collected = runner.pending_build(&cell, inputs, options);
-    let (pending, probe) = read_ahead_while(probe_input(inputs)?, collected, options.probe_chunk_rows, ahead).await;
+    let (pending, probe) =
+        read_ahead_while(probe_input(inputs)?, collected, options.probe_read_ahead_rows, ahead).await;
     let pending = pending?;
     let join = runner.join.as_ref();
     let probe_keys = &join.definition.probe_keys;
