@@ -681,11 +681,10 @@ fn register_racing_tables(ctx: &SessionContext, build_waits: bool) {
 
 /// With `probe_read_ahead_rows` set, a partition reads its probe input while
 /// the build side is collected, whether the device or DataFusion's operator
-/// then joins it: here the build
-/// input waits for the probe input, and a GPU join that read the two one
-/// after the other would fail. (DataFusion's own plan would: its hash
-/// repartitions start their inputs one after the other, so the reference
-/// runs over a build side that does not wait.)
+/// then joins it: here the build input waits for the probe input, and a GPU
+/// join that read the two one after the other would fail. (DataFusion's own
+/// plan would: its hash repartitions start their inputs one after the
+/// other, so the reference runs over a build side that does not wait.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_probe_input_is_read_while_the_build_side_is_collected() {
     let sql = "SELECT b.k, b.v, p.v FROM b JOIN p ON b.k = p.k";

@@ -240,7 +240,7 @@ async fn join_partition<B: JoinBackend>(
     let ahead =
         MemoryConsumer::new(format!("GpuJoinProbeAhead[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let collected = runner.pending_build(&cell, inputs, options);
-    let (pending, probe) =
+    let (pending, mut probe) =
         read_ahead_while(probe_input(inputs)?, collected, options.probe_read_ahead_rows, ahead).await;
     let pending = pending?;
     let join = runner.join.as_ref();
@@ -255,7 +255,6 @@ async fn join_partition<B: JoinBackend>(
     // passes are the way out should it not fit: DataFusion's operator, the
     // other, takes the probe input as read ahead and reads on itself.
     let finished = if pending.whole && join.definition.splits_into_passes() {
-        let mut probe = probe;
         let held = Arc::new(HeldProbe::new(inputs));
         let source = BuildSource::Preparing(pending.clone(), Arc::clone(&held));
         match join_probe_side(&partition(source), &mut probe, &mut output).await? {
@@ -275,7 +274,7 @@ async fn join_partition<B: JoinBackend>(
             }
             CollectedBuild::Whole { side, .. } => {
                 let partition = partition(BuildSource::Whole(Arc::clone(side)));
-                join_probe_side(&partition, &mut { probe }, &mut output).await?.joined()?
+                join_probe_side(&partition, &mut probe, &mut output).await?.joined()?
             }
             CollectedBuild::Passes { passes, .. } => {
                 join_in_passes(inputs, probe_keys, passes, probe, in_passes(passes), &mut output).await?
