@@ -73,7 +73,8 @@ impl<'a> RuleContext<'a> {
             true => with_one_build_side(join)?,
             false => None,
         };
-        let exec = GpuJoinExec::try_new(reshaped.as_ref().unwrap_or(join), backend, self.options, replaces)?;
+        let run_as = reshaped.as_ref().unwrap_or(join);
+        let exec = GpuJoinExec::try_new_ordered(run_as, *join.partition_mode(), backend, self.options, replaces, None)?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
@@ -116,8 +117,14 @@ impl<'a> RuleContext<'a> {
             false => twin,
         };
         let order = SortMergeOrder::new(join, swapped, (left_sort_removed, right_sort_removed));
-        let exec =
-            GpuJoinExec::try_new_ordered(&twin, backend, self.options, ReplacedOperator::SortMergeJoin, Some(order))?;
+        let exec = GpuJoinExec::try_new_ordered(
+            &twin,
+            PartitionMode::Partitioned,
+            backend,
+            self.options,
+            ReplacedOperator::SortMergeJoin,
+            Some(order),
+        )?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
