@@ -4,22 +4,31 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::JoinType;
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::algorithms::choice::plan_statistics;
 use datafusion_gpu_join::backend::cuda_backend;
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::exec::ReplacedOperator;
 use datafusion_gpu_join::{GpuJoinContextExt, GpuJoinExec, GpuJoinRule, NotOnGpu, Placement, SessionStateBuilderExt};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::common::{
     datafusion_context, gpu_context, physical_plan_text, run, sorted_rows, test_backend, test_options, total_rows,
@@ -230,13 +239,6 @@ fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuJoinExec> {
     joins
 }
 
-/// Every DataFusion hash join in a plan.
-fn hash_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&HashJoinExec> {
-    let mut joins: Vec<&HashJoinExec> = plan.children().into_iter().flat_map(hash_joins).collect();
-    joins.extend(plan.downcast_ref::<HashJoinExec>());
-    joins
-}
-
 /// A join the plan's statistics sent to the device, whose build side turns
 /// out smaller than they said, is joined by DataFusion's operator once the
 /// build side is collected; EXPLAIN ANALYZE says so and why. In both
@@ -342,54 +344,6 @@ async fn a_small_build_side_is_left_to_datafusion() {
             assert_eq!(line.contains("algorithm=DataFusion"), on_datafusion, "{line}");
             assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "{mode}, min_build_rows = {min_build_rows}");
         }
-    }
-}
-
-/// A join DataFusion planned `Partitioned`, which the GPU join runs in
-/// `CollectLeft` mode, joins a build side it leaves to DataFusion's
-/// operator in DataFusion's shape again: each output partition holds the
-/// rows of DataFusion's own plan's partition, for every join type.
-#[tokio::test]
-async fn a_small_build_side_is_joined_in_the_shape_datafusion_planned() {
-    let config = || SessionConfig::new().with_target_partitions(4);
-    let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-    for context in [&ctx, &reference] {
-        for setting in [
-            "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-            "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-            "SET datafusion.optimizer.join_reordering = false",
-            "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)",
-            "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)",
-        ] {
-            run(context, setting).await;
-        }
-    }
-    run(&ctx, "SET gpu_join.min_build_rows = 1000").await;
-    let joins = ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN", "LEFT SEMI JOIN", "LEFT ANTI JOIN", "RIGHT SEMI JOIN"];
-    for join in joins {
-        let columns = if join.contains("RIGHT SEMI") { "p.k, p.w" } else { "b.k, b.z" };
-        let sql = format!("SELECT {columns} FROM (SELECT k, z FROM f WHERE z % 100 = 0) b {join} p ON b.k = p.k");
-        let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
-        let gpu_join = gpu_joins(&plan).pop().expect("a GPU join");
-        assert_eq!(gpu_join.partition_mode(), PartitionMode::CollectLeft, "{join}");
-        let expected_plan = reference.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
-        let expected_join = hash_joins(&expected_plan).pop().expect("DataFusion's join");
-        assert_eq!(*expected_join.partition_mode(), PartitionMode::Partitioned, "{join}");
-        let partitions = expected_join.properties().output_partitioning().partition_count();
-        assert_eq!(gpu_join.properties().output_partitioning().partition_count(), partitions, "{join}");
-        for partition in 0..partitions {
-            let rows = |plan: &dyn ExecutionPlan, ctx: &SessionContext| {
-                let stream = plan.execute(partition, ctx.task_ctx()).unwrap();
-                async move { sorted_rows(&datafusion::physical_plan::common::collect(stream).await.unwrap()) }
-            };
-            let expected = rows(expected_join, &reference).await;
-            assert_eq!(rows(gpu_join, &ctx).await, expected, "{join}, partition {partition}");
-        }
-        let analyzed = arrow::util::pretty::pretty_format_batches(&run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await)
-            .unwrap()
-            .to_string();
-        let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
-        assert!(line.contains("algorithm=DataFusion") && line.contains("mode=CollectLeft"), "{join}: {line}");
     }
 }
 
@@ -646,5 +600,110 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
         let metrics = gpu.metrics().unwrap();
         let taken = metrics.sum_by_name("probe_chunks_on_host").map_or(0, |m| m.as_usize());
         assert_eq!(taken, on_host, "{name}: chunks whose columns were taken on the host, of {chunks}");
+    }
+}
+
+/// A partition stream of fixed batches. A waiting build side waits until
+/// some probe partition has handed out a batch, and fails after a few
+/// seconds without one; the probe side's reports its first batch.
+#[derive(Debug)]
+struct RacingSide {
+    schema: Arc<Schema>,
+    batches: Vec<RecordBatch>,
+    probe_read: Arc<AtomicBool>,
+    waits_for_probe: bool,
+}
+
+impl PartitionStream for RacingSide {
+    fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let (batches, probe_read) = (self.batches.clone(), Arc::clone(&self.probe_read));
+        let stream: BoxStream<'static, datafusion::error::Result<RecordBatch>> = match self.waits_for_probe {
+            true => futures::stream::once(async move {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while !probe_read.load(Ordering::Acquire) {
+                    if Instant::now() > deadline {
+                        return Err(DataFusionError::Execution(
+                            "the probe input was not read while the build side was collected".into(),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Ok(futures::stream::iter(batches.into_iter().map(Ok)))
+            })
+            .try_flatten()
+            .boxed(),
+            false => futures::stream::iter(batches.into_iter().map(Ok))
+                .inspect(move |_| probe_read.store(true, Ordering::Release))
+                .boxed(),
+        };
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
+    }
+}
+
+/// Registers `b` (build, 2 partitions) and `p` (probe, 3 partitions), each
+/// a `(k, v)` table of `rows` rows over `keys` keys; `b` waits for `p` to be
+/// read when `build_waits`.
+fn register_racing_tables(ctx: &SessionContext, build_waits: bool) {
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Int64, false)]));
+    let probe_read = Arc::new(AtomicBool::new(false));
+    for (name, partitions, rows, keys, waits_for_probe) in
+        [("b", 2, 3000, 1000, build_waits), ("p", 3, 9000, 4000, false)]
+    {
+        let sides = (0..partitions)
+            .map(|part| {
+                let batches = (0..3)
+                    .map(|piece| {
+                        let ids = (0..rows / partitions / 3).map(|i| (i * partitions * 3 + part * 3 + piece) as i64);
+                        let k: Int64Array = ids.clone().map(|i| (i % 7 != 0).then_some(i * 31 % keys)).collect();
+                        let v: Int64Array = ids.collect();
+                        RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap()
+                    })
+                    .collect();
+                let side = RacingSide {
+                    schema: Arc::clone(&schema),
+                    batches,
+                    probe_read: Arc::clone(&probe_read),
+                    waits_for_probe,
+                };
+                Arc::new(side) as Arc<dyn PartitionStream>
+            })
+            .collect();
+        let table = StreamingTable::try_new(Arc::clone(&schema), sides).unwrap();
+        ctx.deregister_table(name).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+}
+
+/// With `probe_read_ahead_rows` set, a partition reads its probe input while
+/// the build side is collected, whether the device or DataFusion's operator
+/// then joins it: here the build input waits for the probe input, and a GPU
+/// join that read the two one after the other would fail. (DataFusion's own
+/// plan would: its hash repartitions start their inputs one after the
+/// other, so the reference runs over a build side that does not wait.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_probe_input_is_read_while_the_build_side_is_collected() {
+    let sql = "SELECT b.k, b.v, p.v FROM b JOIN p ON b.k = p.k";
+    let reference = datafusion_context(SessionConfig::new().with_target_partitions(4));
+    register_racing_tables(&reference, false);
+    let expected = sorted_rows(&run(&reference, sql).await);
+    assert!(expected.len() > 3000, "{} rows", expected.len());
+    for (min_build_rows, on_datafusion) in [(0, false), (1 << 20, true)] {
+        let ctx = gpu_context(SessionConfig::new().with_target_partitions(4));
+        run(&ctx, "SET gpu_join.probe_read_ahead_rows = 1000").await;
+        run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+        register_racing_tables(&ctx, true);
+        let plan = physical_plan_text(&ctx, sql).await;
+        assert!(plan.contains("GpuJoinExec") && plan.contains("mode=CollectLeft"), "{plan}");
+        assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "min_build_rows = {min_build_rows}");
+        register_racing_tables(&ctx, true);
+        let analyzed = arrow::util::pretty::pretty_format_batches(&run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await)
+            .unwrap()
+            .to_string();
+        assert_eq!(analyzed.contains("algorithm=DataFusion"), on_datafusion, "{analyzed}");
     }
 }

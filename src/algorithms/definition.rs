@@ -2,7 +2,6 @@ use arrow::compute::SortOptions;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::physical_expr::{LexOrdering, PhysicalExprRef};
-use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
 use super::choice::PlannedSizes;
@@ -70,10 +69,6 @@ pub struct JoinDefinition {
     pub planned: PlannedSizes,
     /// Set when the output must leave in key order.
     pub key_order: Option<KeyOrder>,
-    /// The mode DataFusion planned the join in, which its operator joins
-    /// in when it takes a build side: a `Partitioned` join that runs here
-    /// in `CollectLeft` mode gets its hash repartitions back.
-    pub datafusion_mode: PartitionMode,
 }
 
 impl JoinDefinition {

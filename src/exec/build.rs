@@ -22,7 +22,7 @@ use datafusion::common::{JoinSide, exec_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::physical_expr::{Partitioning, PhysicalExprRef};
+use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -31,10 +31,11 @@ use futures::{FutureExt, TryStreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::chosen::ChosenStrategies;
-use super::fallback::{hash_join_over, in_key_order, repartitioned_hash_join};
+use super::fallback::{hash_join_over, in_key_order};
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_by_pass};
 use super::probe_yield::ProbeYield;
+use super::read_ahead::ProbeSlots;
 use super::runner::PartitionInputs;
 use super::staging::{assemble_rows, concat_in_parallel};
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
@@ -51,8 +52,9 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
     Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
     /// Too small for the device to win, or too large for it in a join that
     /// cannot be split: DataFusion's operator joins each probe partition
-    /// with the build side's host copy.
-    OnCpu { join: Arc<dyn ExecutionPlan>, _reservation: MemoryReservation },
+    /// with the build side's host copy, reading the probe partition from
+    /// `probe`.
+    OnCpu { join: Arc<dyn ExecutionPlan>, probe: Arc<ProbeSlots>, _reservation: MemoryReservation },
 }
 
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
@@ -353,16 +355,10 @@ impl<B: JoinBackend> DeviceJoin<B> {
             self.chosen.record_datafusion(&reason);
             // The batches as collected: DataFusion's operator reads them
             // as they are, without a copy.
-            let join = match (mode, self.definition.datafusion_mode, right.output_partitioning()) {
-                // Its partitions are the probe input's, which nothing above
-                // relies on when they are not a hash partitioning.
-                (PartitionMode::CollectLeft, PartitionMode::Partitioned, p) if !matches!(p, Partitioning::Hash(..)) => {
-                    repartitioned_hash_join(&self.twin, &batches, right)?
-                }
-                _ => hash_join_over(&self.twin, &batches, right, mode, partition)?,
-            };
+            let probe = Arc::new(ProbeSlots::new(right.schema(), right.output_partitioning().partition_count()));
+            let join = hash_join_over(&self.twin, &batches, probe.plan()?, mode, partition)?;
             let join = in_key_order(&self.definition, join);
-            return Ok(Arc::new(CollectedBuild::OnCpu { join, _reservation: reservation }));
+            return Ok(Arc::new(CollectedBuild::OnCpu { join, probe, _reservation: reservation }));
         }
         // Split into passes: every column whole.
         let assembler = backend.clone();

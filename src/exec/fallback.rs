@@ -19,9 +19,7 @@ use datafusion::common::{internal_err, resources_datafusion_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect};
 
@@ -99,41 +97,6 @@ pub(super) fn hash_join_over(
         None => return internal_err!("GPU join: no partition {at} for the build side on DataFusion's operator"),
     }
     let left = MemorySourceConfig::try_new_exec(&partitions, twin.left().schema(), None)?;
-    twin_over(twin, left, right, mode)
-}
-
-/// DataFusion's hash join of the build side's host batches with `right`, in
-/// the shape of a `Partitioned` plan: both sides hash-repartitioned into
-/// `right`'s partitions, each joined on its own. DataFusion chose that
-/// shape for the join; in `CollectLeft` mode each partition scans and joins
-/// its probe input in one task, and DataFusion's own operator was slower
-/// so on TPC-H Q19 (docs/benchmarks.md).
-pub(super) fn repartitioned_hash_join(
-    twin: &HashJoinExec,
-    build: &[RecordBatch],
-    right: Arc<dyn ExecutionPlan>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let partitions = right.output_partitioning().partition_count().max(1);
-    // Batch by batch over the partitions, so that every core hashes some.
-    let mut spread = vec![vec![]; partitions];
-    for (i, batch) in build.iter().enumerate() {
-        spread[i % partitions].push(batch.clone());
-    }
-    let (build_keys, probe_keys): (Vec<_>, Vec<_>) = twin.on().iter().cloned().unzip();
-    let left = MemorySourceConfig::try_new_exec(&spread, twin.left().schema(), None)?;
-    let left = Arc::new(RepartitionExec::try_new(left, Partitioning::Hash(build_keys, partitions))?);
-    let right = Arc::new(RepartitionExec::try_new(right, Partitioning::Hash(probe_keys, partitions))?);
-    twin_over(twin, left, right, PartitionMode::Partitioned)
-}
-
-/// `twin` over new children, in `mode`, without its fetch (the GPU join
-/// applies it to what it hands on).
-fn twin_over(
-    twin: &HashJoinExec,
-    left: Arc<dyn ExecutionPlan>,
-    right: Arc<dyn ExecutionPlan>,
-    mode: PartitionMode,
-) -> Result<Arc<dyn ExecutionPlan>> {
     let join = twin
         .builder()
         .reset_state()

@@ -14,6 +14,7 @@ mod key_order;
 mod metrics;
 mod passes;
 mod probe_yield;
+mod read_ahead;
 mod runner;
 mod staging;
 mod stream;
@@ -100,15 +101,13 @@ impl GpuJoinExec {
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
     ) -> Result<Self> {
-        Self::try_new_ordered(join, *join.partition_mode(), backend, options, replaces, None)
+        Self::try_new_ordered(join, backend, options, replaces, None)
     }
 
     /// A GPU join computing what `join` computes, in the order of the
-    /// sort-merge join it replaces when `order` is given. DataFusion
-    /// planned the join in `datafusion_mode`.
+    /// sort-merge join it replaces when `order` is given.
     pub(crate) fn try_new_ordered(
         join: &HashJoinExec,
-        datafusion_mode: PartitionMode,
         backend: BackendHandle,
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
@@ -120,7 +119,7 @@ impl GpuJoinExec {
         let twin = Arc::new(join.builder().reset_state().build()?);
         let ordered = order.map(|order| order.output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
-        let definition = Arc::new(Self::definition(&twin, options, key_order, datafusion_mode)?);
+        let definition = Arc::new(Self::definition(&twin, options, key_order)?);
         Ok(Self::assemble(twin, definition, backend, replaces, ordered))
     }
 
@@ -142,12 +141,7 @@ impl GpuJoinExec {
         Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new(), chosen, ordered }
     }
 
-    fn definition(
-        twin: &HashJoinExec,
-        options: &GpuJoinConfig,
-        key_order: Option<KeyOrder>,
-        datafusion_mode: PartitionMode,
-    ) -> Result<JoinDefinition> {
+    fn definition(twin: &HashJoinExec, options: &GpuJoinConfig, key_order: Option<KeyOrder>) -> Result<JoinDefinition> {
         let (_, column_indices) = build_join_schema(&twin.left().schema(), &twin.right().schema(), twin.join_type());
         let column_indices = match &twin.projection {
             Some(projection) => projection.iter().map(|&i| column_indices[i].clone()).collect(),
@@ -169,7 +163,6 @@ impl GpuJoinExec {
             probe_device_gather_ratio: options.probe_device_gather_ratio,
             planned: planned_sizes(twin.right(), &probe_keys(twin), build_sides(twin)),
             key_order,
-            datafusion_mode,
         })
     }
 

@@ -36,6 +36,7 @@ use tokio::sync::mpsc::{Receiver, Sender, channel};
 use super::build::{CollectedBuild, DeviceJoin, PendingBuild, admitted};
 use super::fallback::{join_chunk_on_cpu, join_partition_on_cpu};
 use super::passes::{BuildPasses, split_by_pass};
+use super::read_ahead::read_ahead_while;
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
@@ -236,7 +237,12 @@ async fn join_partition<B: JoinBackend>(
     tx: &Sender<Result<RecordBatch>>,
 ) -> Result<()> {
     let cell = runner.build_cell(inputs.mode)?;
-    let pending = runner.pending_build(&cell, inputs, options).await?;
+    let ahead =
+        MemoryConsumer::new(format!("GpuJoinProbeAhead[{}]", inputs.partition)).register(inputs.context.memory_pool());
+    let collected = runner.pending_build(&cell, inputs, options);
+    let (pending, mut probe) =
+        read_ahead_while(probe_input(inputs)?, collected, options.probe_read_ahead_rows, ahead).await;
+    let pending = pending?;
     let join = runner.join.as_ref();
     let probe_keys = &join.definition.probe_keys;
     let mut output = OutputSender::new(tx, inputs);
@@ -247,9 +253,8 @@ async fn join_partition<B: JoinBackend>(
     };
     // Staging starts before the build side is on the device only where
     // passes are the way out should it not fit: DataFusion's operator, the
-    // other, reads the probe input itself.
+    // other, takes the probe input as read ahead and reads on itself.
     let finished = if pending.whole && join.definition.splits_into_passes() {
-        let mut probe = probe_input(inputs)?;
         let held = Arc::new(HeldProbe::new(inputs));
         let source = BuildSource::Preparing(pending.clone(), Arc::clone(&held));
         match join_probe_side(&partition(source), &mut probe, &mut output).await? {
@@ -265,17 +270,17 @@ async fn join_partition<B: JoinBackend>(
             CollectedBuild::Whole { side, .. } if join.definition.key_order.is_some() => {
                 // Build-side rows included: nothing is left to finish.
                 let partition = partition(BuildSource::Whole(Arc::clone(side)));
-                return join_partition_in_key_order(&partition, side, &mut output).await;
+                return join_partition_in_key_order(&partition, side, probe, &mut output).await;
             }
             CollectedBuild::Whole { side, .. } => {
                 let partition = partition(BuildSource::Whole(Arc::clone(side)));
-                join_probe_side(&partition, &mut probe_input(inputs)?, &mut output).await?.joined()?
+                join_probe_side(&partition, &mut probe, &mut output).await?.joined()?
             }
             CollectedBuild::Passes { passes, .. } => {
-                let probe = probe_input(inputs)?;
                 join_in_passes(inputs, probe_keys, passes, probe, in_passes(passes), &mut output).await?
             }
-            CollectedBuild::OnCpu { join, .. } => {
+            CollectedBuild::OnCpu { join, probe: slots, .. } => {
+                slots.put(inputs.partition, probe)?;
                 let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
                 let mut wanted = true;
                 while let (true, Some(batch)) = (wanted, batches.next().await) {
@@ -679,13 +684,13 @@ async fn join_loaded<B: JoinBackend>(
 async fn join_partition_in_key_order<B: JoinBackend>(
     partition: &Partition<'_, B>,
     build: &Arc<BuildSide<B>>,
+    mut probe: BoxStream<'_, Result<RecordBatch>>,
     output: &mut OutputSender<'_>,
 ) -> Result<()> {
     let inputs = partition.inputs;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinProbe[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let mut staging = ProbeStaging::new(inputs.right.schema(), usize::MAX);
-    let mut probe = probe_input(inputs)?;
     while let Some(batch) = probe.next().await {
         let batch = batch?;
         reservation.try_grow(held_bytes(&batch))?;

@@ -73,8 +73,7 @@ impl<'a> RuleContext<'a> {
             true => with_one_build_side(join)?,
             false => None,
         };
-        let run_as = reshaped.as_ref().unwrap_or(join);
-        let exec = GpuJoinExec::try_new_ordered(run_as, *join.partition_mode(), backend, self.options, replaces, None)?;
+        let exec = GpuJoinExec::try_new(reshaped.as_ref().unwrap_or(join), backend, self.options, replaces)?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
@@ -117,14 +116,8 @@ impl<'a> RuleContext<'a> {
             false => twin,
         };
         let order = SortMergeOrder::new(join, swapped, (left_sort_removed, right_sort_removed));
-        let exec = GpuJoinExec::try_new_ordered(
-            &twin,
-            PartitionMode::Partitioned,
-            backend,
-            self.options,
-            ReplacedOperator::SortMergeJoin,
-            Some(order),
-        )?;
+        let exec =
+            GpuJoinExec::try_new_ordered(&twin, backend, self.options, ReplacedOperator::SortMergeJoin, Some(order))?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 

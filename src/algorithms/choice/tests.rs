@@ -3,7 +3,6 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::{JoinType, NullEquality};
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_plan::joins::PartitionMode;
 
 use super::*;
 use crate::algorithms::OutputColumn;
@@ -63,7 +62,6 @@ fn definition(algorithm: AlgorithmChoice, materialization: MaterializationChoice
         probe_device_gather_ratio: 0.25,
         planned: PlannedSizes::default(),
         key_order: None,
-        datafusion_mode: PartitionMode::CollectLeft,
     }
 }
 
