@@ -227,11 +227,11 @@ extensions_options! {
         /// Probe rows gathered into one chunk before it is joined.
         pub probe_chunk_rows: usize, default = 1 << 22
         /// Most probe rows a partition reads while its build side is
-        /// collected. 0 reads the probe input only once the build side is
-        /// in, as DataFusion's hash join does: reading ahead evened a join
-        /// left to DataFusion's operator but slowed a device join of a
-        /// large build side (docs/benchmarks.md, TPC-H at SF 10).
-        pub probe_read_ahead_rows: usize, default = 0
+        /// collected, as long as fewer than `min_build_rows` build rows are
+        /// in (a larger build side goes to the device, and reading ahead
+        /// slowed its collection). 0 reads the probe input only once the
+        /// build side is in, as DataFusion's hash join does.
+        pub probe_read_ahead_rows: usize, default = 1 << 22
         /// Output rows per probe row from which a probe chunk's output
         /// columns are uploaded and gathered on the device; below it only
         /// keys are uploaded and the matched rows are taken on the host.

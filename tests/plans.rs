@@ -679,10 +679,11 @@ fn register_racing_tables(ctx: &SessionContext, build_waits: bool) {
     }
 }
 
-/// With `probe_read_ahead_rows` set, a partition reads its probe input while
-/// the build side is collected, whether the device or DataFusion's operator
-/// then joins it: here the build input waits for the probe input, and a GPU
-/// join that read the two one after the other would fail. (DataFusion's own
+/// A partition reads its probe input while the build side is collected, as
+/// long as fewer than `min_build_rows` build rows are in, whether the device
+/// or DataFusion's operator then joins it: here the build input waits for
+/// the probe input before giving any row, and a GPU join that read the two
+/// one after the other would fail. (DataFusion's own
 /// plan would: its hash repartitions start their inputs one after the
 /// other, so the reference runs over a build side that does not wait.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -692,7 +693,8 @@ async fn the_probe_input_is_read_while_the_build_side_is_collected() {
     register_racing_tables(&reference, false);
     let expected = sorted_rows(&run(&reference, sql).await);
     assert!(expected.len() > 3000, "{} rows", expected.len());
-    for (min_build_rows, on_datafusion) in [(0, false), (1 << 20, true)] {
+    // The build side has 3000 rows: at 3000 the device joins it.
+    for (min_build_rows, on_datafusion) in [(3000, false), (1 << 20, true)] {
         let ctx = gpu_context(SessionConfig::new().with_target_partitions(4));
         run(&ctx, "SET gpu_join.probe_read_ahead_rows = 1000").await;
         run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;

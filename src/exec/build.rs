@@ -13,6 +13,7 @@
 //! `gpu_join.min_build_rows`, whose hash table DataFusion probes from the
 //! CPU's caches faster than the probe side crosses PCIe.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{Schema, SchemaRef};
@@ -147,7 +148,8 @@ fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) ->
 }
 
 /// The batches of partition `partition` of the build input, in host memory
-/// accounted in `reservation`, and the spans of their keys (`keys`). A
+/// accounted in `reservation` and counted in `rows_in` as they come, and
+/// the spans of their keys (`keys`). A
 /// build input coalesced from several partitions is read one task per
 /// partition, rather than batch by batch through the coalescing channel,
 /// which costs more than the copy for DataFusion's small batches.
@@ -157,6 +159,7 @@ async fn collect_input(
     context: &Arc<TaskContext>,
     reservation: &Arc<MemoryReservation>,
     keys: &[PhysicalExprRef],
+    rows_in: Arc<AtomicUsize>,
 ) -> Result<(Vec<RecordBatch>, Option<KeyRanges>)> {
     let (plan, partitions) = match left.downcast_ref::<CoalescePartitionsExec>() {
         Some(coalesce) if coalesce.fetch().is_none() => {
@@ -167,12 +170,13 @@ async fn collect_input(
     let tasks = partitions
         .map(|p| {
             let stream = plan.execute(p, Arc::clone(context))?;
-            let (reservation, keys) = (Arc::clone(reservation), keys.to_vec());
+            let (reservation, keys, rows_in) = (Arc::clone(reservation), keys.to_vec(), Arc::clone(&rows_in));
             Ok(SpawnedTask::spawn(async move {
                 stream
                     .try_fold((vec![], None), |(mut batches, ranges): Collected, batch| {
                         let collected = reservation.try_grow(batch.get_array_memory_size()).and_then(|_| {
                             let piece = KeyRanges::of_piece(&evaluate_keys(&keys, &batch)?);
+                            rows_in.fetch_add(batch.num_rows(), Ordering::Relaxed);
                             batches.push(batch);
                             Ok((batches, merge_ranges(ranges, Some(piece))))
                         });
@@ -221,13 +225,15 @@ impl<B: JoinBackend> DeviceJoin<B> {
         B::admission(&self.device)
     }
 
-    /// Collects partition `partition` of the build input (`inputs.left`)
-    /// and starts placing it; returns once its rows are in.
+    /// Collects partition `partition` of the build input (`inputs.left`),
+    /// counting its rows in `rows_in` as they come, and starts placing it;
+    /// returns once its rows are in.
     pub async fn collect_build(
         self: &Arc<Self>,
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
         partition: usize,
+        rows_in: Arc<AtomicUsize>,
     ) -> Result<PendingBuild<B>> {
         let timer = inputs.metrics.build_collect_time.timer();
         let counters = Arc::new(DeviceCounters::default());
@@ -236,8 +242,9 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
         let reservation = Arc::new(reservation);
+        let keys = &self.definition.build_keys;
         let (batches, ranges) =
-            collect_input(&inputs.left, partition, &inputs.context, &reservation, &self.definition.build_keys).await?;
+            collect_input(&inputs.left, partition, &inputs.context, &reservation, keys, rows_in).await?;
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();

@@ -4,10 +4,12 @@
 //! collected runs the two scans one after the other; DataFusion's does (its
 //! hash repartitions start their inputs when first polled). The probe scan
 //! does not depend on the build side, so each partition of the GPU join
-//! can read ahead, up to `gpu_join.probe_read_ahead_rows`, while it waits.
-//! It is off by default: it evened TPC-H Q19, whose join goes to
-//! DataFusion's operator, but slowed Q12, a device join of a large build
-//! side, for a cause not yet found (docs/benchmarks.md).
+//! can read ahead, up to `gpu_join.probe_read_ahead_rows`, while it waits,
+//! as long as the build side may still go to DataFusion's operator (fewer
+//! than `gpu_join.min_build_rows` rows in so far). That evened TPC-H Q19,
+//! whose join goes there; for a device join of a large build side, Q12,
+//! reading ahead throughout slowed the collection the device waits for
+//! (docs/benchmarks.md).
 //!
 //! The rows read ahead go on to whatever joins the partition: the device
 //! pipeline, or DataFusion's operator, which reads them through
@@ -32,13 +34,15 @@ use futures::{StreamExt, stream};
 use super::staging::held_bytes;
 
 /// What `waiting` gives, and the probe input with the rows read while it
-/// ran first. Reading stops at `limit_rows` rows, at the first error (which
-/// is handed on in its place), or when `reservation` cannot grow; what was
-/// read stays accounted in it until handed on.
+/// ran first. Reading stops at `limit_rows` rows, once `worth_it` says no,
+/// at the first error (which is handed on in its place), or when
+/// `reservation` cannot grow; what was read stays accounted in it until
+/// handed on.
 pub(super) async fn read_ahead_while<T>(
     probe: BoxStream<'static, Result<RecordBatch>>,
     waiting: impl Future<Output = T>,
     limit_rows: usize,
+    worth_it: impl Fn() -> bool,
     reservation: MemoryReservation,
 ) -> (T, BoxStream<'static, Result<RecordBatch>>) {
     let mut probe = probe.fuse();
@@ -49,7 +53,7 @@ pub(super) async fn read_ahead_while<T>(
         tokio::select! {
             biased;
             done = &mut waiting => break done,
-            next = probe.next(), if reading => match next {
+            next = probe.next(), if reading && worth_it() => match next {
                 Some(Ok(batch)) => {
                     rows += batch.num_rows();
                     // A batch the pool refuses is already read: it is kept
@@ -176,15 +180,18 @@ mod tests {
         .boxed()
     }
 
-    /// Reads ahead until the wait ends, holding what it read in the pool;
-    /// returns the probe input, what the pool held then, and how many
-    /// batches had been read.
+    /// Reads ahead until the wait ends, holding what it read in the pool,
+    /// while fewer than `worth_it_batches` were read; returns the probe
+    /// input, what the pool held then, and how many batches had been read.
     async fn read_while_waiting(
         probe: impl FnOnce(Arc<AtomicUsize>) -> BoxStream<'static, Result<RecordBatch>>,
         limit_rows: usize,
+        worth_it_batches: usize,
         pool: &Arc<dyn MemoryPool>,
     ) -> (BoxStream<'static, Result<RecordBatch>>, usize, usize) {
         let read = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&read);
+        let worth_it = move || counted.load(Ordering::SeqCst) < worth_it_batches;
         let reservation = MemoryConsumer::new("ahead").register(pool);
         let (tx, rx) = oneshot::channel();
         // The wait ends only once the reading has begun and stopped by
@@ -202,8 +209,9 @@ mod tests {
             }
             tx.send(7).unwrap();
         });
+        let waiting = async { rx.await.unwrap() };
         let (waited, rest) =
-            read_ahead_while(probe(Arc::clone(&read)), async { rx.await.unwrap() }, limit_rows, reservation).await;
+            read_ahead_while(probe(Arc::clone(&read)), waiting, limit_rows, worth_it, reservation).await;
         waiter.await.unwrap();
         assert_eq!(waited, 7);
         (rest, pool.reserved(), read.load(Ordering::SeqCst))
@@ -212,7 +220,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rows_read_ahead_come_first_and_in_order_and_are_freed_as_handed_on() {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
-        let (rest, held, read) = read_while_waiting(probe, 35, &pool).await;
+        let (rest, held, read) = read_while_waiting(probe, 35, usize::MAX, &pool).await;
         // Reading stops at the batch that reaches the limit.
         assert_eq!(read, 4);
         assert_eq!(held, 4 * held_bytes(&batch(0, 10)));
@@ -222,10 +230,20 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reading_ahead_stops_once_it_is_no_longer_worth_it() {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let (rest, held, read) = read_while_waiting(probe, usize::MAX, 2, &pool).await;
+        assert_eq!((read, held), (2, 2 * held_bytes(&batch(0, 10))));
+        let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
+        assert_eq!(keys(&batches), (0..100).collect::<Vec<_>>());
+        assert_eq!(pool.reserved(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reading_ahead_stops_where_the_pool_refuses() {
         let one_batch = held_bytes(&batch(0, 10));
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(one_batch * 2));
-        let (rest, held, read) = read_while_waiting(probe, usize::MAX, &pool).await;
+        let (rest, held, read) = read_while_waiting(probe, usize::MAX, usize::MAX, &pool).await;
         // The third batch is read but refused: kept, unaccounted.
         assert_eq!((read, held), (3, one_batch * 2));
         let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
@@ -246,7 +264,7 @@ mod tests {
             .boxed()
         };
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
-        let (rest, _, read) = read_while_waiting(failing, usize::MAX, &pool).await;
+        let (rest, _, read) = read_while_waiting(failing, usize::MAX, usize::MAX, &pool).await;
         // Reading stops at the error; the rest is read after it.
         assert_eq!(read, 2);
         let handed: Vec<Result<RecordBatch>> = rest.collect().await;

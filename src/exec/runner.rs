@@ -67,7 +67,19 @@ pub(crate) fn runner_for(
 /// Where a partition finds its build side once it is collected. Partitions
 /// hold it while they run, so that the build side's memory is freed when
 /// the last of them ends, finished or cancelled.
-pub(crate) type BuildCell<B> = Arc<OnceCell<std::result::Result<PendingBuild<B>, Arc<DataFusionError>>>>;
+pub(crate) type BuildCell<B> = Arc<BuildSlot<B>>;
+
+pub(crate) struct BuildSlot<B: JoinBackend> {
+    pending: OnceCell<std::result::Result<PendingBuild<B>, Arc<DataFusionError>>>,
+    /// Build rows collected so far.
+    pub rows_in: Arc<AtomicUsize>,
+}
+
+impl<B: JoinBackend> Default for BuildSlot<B> {
+    fn default() -> Self {
+        Self { pending: OnceCell::new(), rows_in: Arc::default() }
+    }
+}
 
 pub(crate) struct Runner<B: JoinBackend> {
     pub join: Arc<DeviceJoin<B>>,
@@ -119,7 +131,11 @@ impl<B: JoinBackend> Runner<B> {
             PartitionMode::CollectLeft => 0,
             _ => inputs.partition,
         };
-        cell.get_or_init(|| async { self.join.collect_build(inputs, options, partition).await.map_err(Arc::new) })
+        let rows_in = Arc::clone(&cell.rows_in);
+        cell.pending
+            .get_or_init(|| async {
+                self.join.collect_build(inputs, options, partition, rows_in).await.map_err(Arc::new)
+            })
             .await
             .clone()
             .map_err(DataFusionError::Shared)

@@ -20,6 +20,7 @@
 //! operator.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::record_batch::RecordBatch;
@@ -27,6 +28,7 @@ use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::metrics::RecordOutput;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -240,8 +242,20 @@ async fn join_partition<B: JoinBackend>(
     let ahead =
         MemoryConsumer::new(format!("GpuJoinProbeAhead[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let collected = runner.pending_build(&cell, inputs, options);
+    // Reading ahead pays only for a build side that may still go to
+    // DataFusion's operator: a larger one goes to the device, which waits
+    // for its collection, and the probe scan would slow it. Nor in
+    // `Partitioned` mode, where the probe input is a hash repartition of
+    // every probe partition: reading it runs the whole probe side's scan
+    // beside the build side's (TPC-H Q12 at SF 10, docs/benchmarks.md).
+    let (rows_in, min_build_rows) = (Arc::clone(&cell.rows_in), options.min_build_rows);
+    let small_so_far = move || rows_in.load(Ordering::Relaxed) < min_build_rows;
+    let read_ahead_rows = match inputs.mode {
+        PartitionMode::CollectLeft => options.probe_read_ahead_rows,
+        _ => 0,
+    };
     let (pending, mut probe) =
-        read_ahead_while(probe_input(inputs)?, collected, options.probe_read_ahead_rows, ahead).await;
+        read_ahead_while(probe_input(inputs)?, collected, read_ahead_rows, small_so_far, ahead).await;
     let pending = pending?;
     let join = runner.join.as_ref();
     let probe_keys = &join.definition.probe_keys;
