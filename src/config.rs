@@ -226,11 +226,12 @@ extensions_options! {
         pub pinned_pool_bytes: usize, default = 8 << 30
         /// Probe rows gathered into one chunk before it is joined.
         pub probe_chunk_rows: usize, default = 1 << 22
-        /// Most probe rows a partition reads while its build side is
-        /// collected, as long as fewer than `min_build_rows` build rows are
-        /// in (a larger build side goes to the device, and reading ahead
-        /// slowed its collection). 0 reads the probe input only once the
-        /// build side is in, as DataFusion's hash join does.
+        /// Most probe rows a partition of a `CollectLeft` join reads while
+        /// its build side is collected, as long as fewer than
+        /// `min_build_rows` build rows are in (a larger build side goes to
+        /// the device, whose wait the probe scan would lengthen). 0 reads
+        /// the probe input only once the build side is in, as DataFusion's
+        /// hash join does.
         pub probe_read_ahead_rows: usize, default = 1 << 22
         /// Output rows per probe row from which a probe chunk's output
         /// columns are uploaded and gathered on the device; below it only

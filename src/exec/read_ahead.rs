@@ -4,12 +4,14 @@
 //! collected runs the two scans one after the other; DataFusion's does (its
 //! hash repartitions start their inputs when first polled). The probe scan
 //! does not depend on the build side, so each partition of the GPU join
-//! can read ahead, up to `gpu_join.probe_read_ahead_rows`, while it waits,
-//! as long as the build side may still go to DataFusion's operator (fewer
-//! than `gpu_join.min_build_rows` rows in so far). That evened TPC-H Q19,
-//! whose join goes there; for a device join of a large build side, Q12,
-//! reading ahead throughout slowed the collection the device waits for
-//! (docs/benchmarks.md).
+//! can read ahead, up to `gpu_join.probe_read_ahead_rows`, while it waits.
+//! It does so in `CollectLeft` mode, and only while the build side may
+//! still go to DataFusion's operator (fewer than `gpu_join.min_build_rows`
+//! rows in so far): that evened TPC-H Q19, whose join goes there. In
+//! `Partitioned` mode the probe input is a hash repartition of every probe
+//! partition, and reading it ahead slowed the build sides' scan in Q12
+//! (docs/benchmarks.md); a larger build side goes to the device, which
+//! waits for its collection.
 //!
 //! The rows read ahead go on to whatever joins the partition: the device
 //! pipeline, or DataFusion's operator, which reads them through
