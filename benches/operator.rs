@@ -24,8 +24,11 @@
 //! GPU_JOIN_BENCH_ONLY=narrow cargo bench --bench operator  # one workload
 //! GPU_JOIN_BENCH_ONLY=passes cargo bench --bench operator  # build side twice the budget
 //! GPU_JOIN_BENCH_ONLY=ordered cargo bench --bench operator # a sort-merge join's order kept
+//! GPU_JOIN_BENCH_BATCH_ROWS=131072 cargo bench --bench operator # input batches of 131072 rows
 //! GPU_JOIN_BENCH_SETTINGS='set gpu_join.probe_chunk_rows = 4194304' \
 //!   GPU_JOIN_BENCH_GPU_ONLY=1 cargo bench --bench operator  # GPU session settings; DataFusion not timed
+//! GPU_JOIN_BENCH_SESSION_SETTINGS='set datafusion.execution.batch_size = 65536' \
+//!   cargo bench --bench operator                       # settings of both sessions
 //! ```
 
 use std::sync::{Arc, Mutex};
@@ -49,6 +52,8 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
 const PARTITIONS: usize = 16;
+/// Rows per input batch unless `GPU_JOIN_BENCH_BATCH_ROWS` says otherwise:
+/// DataFusion's default `batch_size`, what its scans produce.
 const BATCH_ROWS: usize = 8192;
 /// Pinned host-device bandwidth each way on the GPU machines.
 const PCIE_BYTES_PER_SECOND: f64 = 55e9;
@@ -64,6 +69,8 @@ const WORKLOADS: [Workload; 2] = [Workload { name: "narrow", payloads: 1 }, Work
 type Partitions = Vec<Vec<RecordBatch>>;
 
 fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> (MemTable, Partitions) {
+    let batch_rows =
+        std::env::var("GPU_JOIN_BENCH_BATCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(BATCH_ROWS).max(1);
     let mut fields = vec![Field::new("k", DataType::Int32, false)];
     fields.extend((1..=payloads).map(|i| Field::new(format!("{prefix}{i}"), DataType::Int32, false)));
     let schema: SchemaRef = Arc::new(Schema::new(fields));
@@ -72,10 +79,10 @@ fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> (MemTable, Partitions
         .par_chunks(per_partition)
         .enumerate()
         .map(|(p, keys)| {
-            keys.chunks(BATCH_ROWS)
+            keys.chunks(batch_rows)
                 .enumerate()
                 .map(|(b, keys)| {
-                    let first = (p * per_partition + b * BATCH_ROWS) as i32;
+                    let first = (p * per_partition + b * batch_rows) as i32;
                     let mut columns: Vec<ArrayRef> = vec![Arc::new(Int32Array::from(keys.to_vec()))];
                     for i in 1..=payloads as i32 {
                         let values = (0..keys.len() as i32).map(|r| (first + r).wrapping_mul(i) % 1000);
@@ -165,6 +172,19 @@ async fn run_query(ctx: &SessionContext, sql: &str) -> (Duration, Vec<RecordBatc
     (start.elapsed(), batches)
 }
 
+/// Median time to plan the query (logical and physical, optimizer rules
+/// included) over 5 plannings after one: part of every timed run of a
+/// session, and the same work in both but for the GPU join's rule.
+async fn planning_time(ctx: &SessionContext, sql: &str) -> Duration {
+    let mut runs = vec![];
+    for _ in 0..6 {
+        let start = Instant::now();
+        ctx.sql(sql).await.expect("planned").create_physical_plan().await.expect("a plan");
+        runs.push(start.elapsed());
+    }
+    median(runs.split_off(1))
+}
+
 /// One run of the GPU join alone.
 #[derive(Debug, Clone, Default)]
 struct JoinRun {
@@ -222,6 +242,8 @@ struct Row {
     join: Duration,
     first_output: Duration,
     host_floor: Duration,
+    /// DataFusion's session, then the GPU session.
+    planning: [Duration; 2],
     up: u64,
     down: u64,
     rows: usize,
@@ -237,6 +259,7 @@ fn operator(c: &mut Criterion) {
     let (build_keys, probe_keys) = keys(scale);
     let only = std::env::var("GPU_JOIN_BENCH_ONLY").unwrap_or_default();
     let settings = std::env::var("GPU_JOIN_BENCH_SETTINGS").unwrap_or_default();
+    let session_settings = std::env::var("GPU_JOIN_BENCH_SESSION_SETTINGS").unwrap_or_default();
     let gpu_only = std::env::var("GPU_JOIN_BENCH_GPU_ONLY").is_ok();
     let mut rows = vec![];
     for workload in WORKLOADS.iter().filter(|w| only.is_empty() || only.split('|').any(|n| n == w.name)) {
@@ -251,8 +274,10 @@ fn operator(c: &mut Criterion) {
         let columns: Vec<String> = (1..=workload.payloads).flat_map(|i| [format!("p{i}"), format!("q{i}")]).collect();
         let join_only = format!("select {} from r join s on r.k = s.k", columns.join(", "));
         let (cpu, gpu) = (session(false, &r, &s), session(true, &r, &s));
-        for setting in settings.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-            runtime.block_on(async { gpu.sql(setting).await.expect("a setting").collect().await.expect("set") });
+        for (ctx, settings) in [(&cpu, &session_settings), (&gpu, &session_settings), (&gpu, &settings)] {
+            for setting in settings.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                runtime.block_on(async { ctx.sql(setting).await.expect("a setting").collect().await.expect("set") });
+            }
         }
 
         let (_, expected) = runtime.block_on(run_query(&cpu, &query));
@@ -307,6 +332,7 @@ fn operator(c: &mut Criterion) {
             join: median(joins.iter().map(|j| j.elapsed).collect()),
             first_output: median(joins.iter().map(|j| j.first_output).collect()),
             host_floor,
+            planning: [&cpu, &gpu].map(|ctx| runtime.block_on(planning_time(ctx, &query))),
             up: last.up,
             down: last.down,
             rows: last.rows,
@@ -320,18 +346,18 @@ fn operator(c: &mut Criterion) {
     }
     println!(
         "\nmedian (ms) over the measured runs; PCIe floor = max(bytes up, bytes down) / 55 GB/s; host floor = one copy \
-         of every input byte on every core"
+         of every input byte on every core; planning = the query's planning in each session, part of its time"
     );
     println!(
         "| workload | DataFusion | GPU session | speed-up | GPU join alone | first output | GB up | GB down | PCIe floor \
-         | join / floor | host floor | output rows |"
+         | join / floor | host floor | planning (DataFusion / GPU) | output rows |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let floor = row.up.max(row.down) as f64 / PCIE_BYTES_PER_SECOND;
         println!(
-            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {} |",
+            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} / {:.0} | {} |",
             row.workload,
             ms(row.datafusion),
             ms(row.gpu),
@@ -343,6 +369,8 @@ fn operator(c: &mut Criterion) {
             floor * 1e3,
             row.join.as_secs_f64() / floor,
             ms(row.host_floor),
+            ms(row.planning[0]),
+            ms(row.planning[1]),
             row.rows
         );
     }
