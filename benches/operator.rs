@@ -342,7 +342,7 @@ fn operator(c: &mut Criterion) {
         runtime.block_on(sort_merge_order_relied_on(build_keys.clone(), probe_keys.clone()));
     }
     if only.is_empty() || only.split('|').any(|n| n == "passes") {
-        runtime.block_on(build_twice_the_budget(build_keys, probe_keys));
+        runtime.block_on(build_twice_the_budget(build_keys, probe_keys, &settings));
     }
     println!(
         "\nmedian (ms) over the measured runs; PCIe floor = max(bytes up, bytes down) / 55 GB/s; host floor = one copy \
@@ -432,8 +432,9 @@ async fn sort_merge_order_relied_on(build_keys: Vec<i32>, probe_keys: Vec<i32>) 
     println!("| {cpu_ms:.0} ms | {gpu_ms:.0} ms | {:.1}x | equal to DataFusion's |", cpu_ms / gpu_ms);
 }
 
-/// The narrow join with a device budget of half the build side's bytes.
-async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
+/// The narrow join with a device budget of half the build side's bytes;
+/// `settings` (`GPU_JOIN_BENCH_SETTINGS`) apply after the bench's own.
+async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>, settings: &str) {
     let build_bytes = build_keys.len() * 2 * size_of::<i32>();
     let budget = build_bytes / 2;
     let (r, s) = (Arc::new(table("p", build_keys, 1).0), Arc::new(table("q", probe_keys, 1).0));
@@ -444,7 +445,10 @@ async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>) {
         format!("set gpu_join.memory_limit = '{budget}'"),
         "set gpu_join.probe_chunk_rows = 1048576".into(),
         "set gpu_join.concurrent_tasks = 4".into(),
-    ] {
+    ]
+    .into_iter()
+    .chain(settings.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from))
+    {
         gpu.sql(&setting).await.expect("a setting").collect().await.expect("set");
     }
     let query = "select count(*), sum(p1), sum(q1) from r join s on r.k = s.k";

@@ -34,11 +34,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::chosen::ChosenStrategies;
 use super::fallback::{hash_join_over, in_key_order};
 use super::metrics::GpuJoinMetrics;
-use super::passes::{BuildPasses, pass_count, split_by_pass};
+use super::passes::{BuildPasses, pass_count, split_into_passes};
 use super::probe_yield::ProbeYield;
 use super::read_ahead::ProbeSlots;
 use super::runner::PartitionInputs;
-use super::staging::{assemble_rows, concat_in_parallel};
+use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{BuildSide, HostRows, JoinDefinition, choice, evaluate_keys, prepare_build_side};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
@@ -329,6 +329,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 }
                 Err(e) if is_out_of_memory(&e) => {
                     log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");
+                    metrics.out_of_memory_retries.add(1);
                     passes = PASSES_AFTER_OUT_OF_MEMORY;
                     timer.restart();
                 }
@@ -367,17 +368,13 @@ impl<B: JoinBackend> DeviceJoin<B> {
             let join = in_key_order(&self.definition, join);
             return Ok(Arc::new(CollectedBuild::OnCpu { join, probe, _reservation: reservation }));
         }
-        // Split into passes: every column whole.
-        let assembler = backend.clone();
-        let batch = run_blocking("collecting the build side", move || {
-            on_build_pool(|| concat_in_parallel(&assembler, &schema, &batches, rows))
+        metrics.build_passes.add(passes);
+        let keys = self.definition.build_keys.clone();
+        let pieces = run_blocking("splitting the build side into passes", move || {
+            on_build_pool(|| split_into_passes(&schema, &batches, &keys, passes))
         })
         .await?;
         timer.done();
-        metrics.build_passes.add(passes);
-        let keys = self.definition.build_keys.clone();
-        let pieces =
-            run_blocking("splitting the build side into passes", move || split_by_pass(&batch, &keys, passes)).await?;
         Ok(Arc::new(CollectedBuild::Passes { passes: Arc::new(BuildPasses::new(pieces)), _reservation: reservation }))
     }
 
@@ -411,6 +408,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
+                metrics.out_of_memory_retries.add(1);
                 let _permit = admitted(metrics, admission.exclusive()).await?;
                 self.prepare(backend, metrics, rows, ranges).await
             }

@@ -27,6 +27,12 @@ pub(crate) struct GpuJoinMetrics {
     pub admission_wait_time: Time,
     /// Passes the build side was split into (0 when it fit at once).
     pub build_passes: Count,
+    /// Passes prepared on the device: more than `build_passes` when a pass
+    /// was evicted for another and needed again.
+    pub build_pass_loads: Count,
+    /// Device work done again after the device ran out of memory: alone
+    /// on the device, in smaller pieces, or, for a build side, in passes.
+    pub out_of_memory_retries: Count,
     pub phases: PhaseTimers,
     pub bytes_to_device: Count,
     pub bytes_from_device: Count,
@@ -47,6 +53,8 @@ impl GpuJoinMetrics {
             probe_chunks_on_host: count("probe_chunks_on_host"),
             admission_wait_time: time("admission_wait_time"),
             build_passes: count("build_passes"),
+            build_pass_loads: count("build_pass_loads"),
+            out_of_memory_retries: count("out_of_memory_retries"),
             phases: PhaseTimers {
                 transform: time("transform_time"),
                 matching: time("match_time"),

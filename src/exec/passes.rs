@@ -9,23 +9,31 @@
 //! row's own pass and each probe row is joined exactly once: only joins
 //! whose probe chunks join independently, in no relied-on probe order, are
 //! split (see [`crate::algorithms::JoinDefinition::splits_into_passes`]).
+//! Both sides are split in groups of DataFusion's batches, on every core,
+//! so that a pass holds few large pieces rather than a slice of each batch.
 //!
 //! A partition holds a pass only for the length of one job, never while its
-//! output waits for a consumer, so no partition ever waits on another
-//! partition's consumer; a pass no job holds may be evicted and prepared
-//! again later.
+//! output waits for a consumer. A pass no job holds may be evicted for
+//! another: at once when no partition needs it any more, and after a short
+//! grace when partitions do (they would have it prepared again), so that a
+//! partition ahead of the others waits for them briefly rather than
+//! evicting their pass, and never waits long on a partition whose consumer
+//! has stopped reading.
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, UInt32Array};
-use arrow::compute::take_record_batch;
+use arrow::array::ArrayRef;
+use arrow::compute::{concat_batches, interleave_record_batch};
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
+use rayon::prelude::*;
 use tokio::sync::OnceCell;
 
 use crate::algorithms::BuildSide;
@@ -37,6 +45,12 @@ const PASS_HASH_STATE: RandomState = RandomState::with_seed(0x7061_7373);
 
 /// Passes resident on the device at once.
 const RESIDENT_PASSES: usize = 2;
+
+/// How long a pass that partitions still need may sit idle before it is
+/// evicted for another: longer than a partition takes between two jobs,
+/// short enough that a partition whose consumer has stopped reading holds
+/// the others up only briefly.
+const PASS_IDLE_GRACE: Duration = Duration::from_millis(25);
 
 /// How often a partition waiting for room on the device looks again. Jobs
 /// let go of a pass by dropping it, wherever they end (a cancelled job ends
@@ -58,33 +72,92 @@ pub(crate) fn pass_count(build_rows: usize, build_bytes: u64, pass_bytes: Option
     by_bytes.max(by_rows).max(1).next_power_of_two()
 }
 
-/// Rows of `batch` by pass, in their order within each pass.
-pub(crate) fn split_by_pass(batch: &RecordBatch, keys: &[PhysicalExprRef], passes: usize) -> Result<Vec<RecordBatch>> {
-    if passes <= 1 {
-        return Ok(vec![batch.clone()]);
-    }
-    let arrays =
-        keys.iter().map(|key| key.evaluate(batch)?.into_array(batch.num_rows())).collect::<Result<Vec<ArrayRef>>>()?;
-    let mut hashes = vec![0u64; batch.num_rows()];
-    create_hashes(&arrays, &PASS_HASH_STATE, &mut hashes)?;
-    // One gather puts the rows in pass order; each pass is then a slice.
+/// Rows gathered into each split: DataFusion's batches are small, and a
+/// pass piece of each would leave every pass in tiny slices, each costing
+/// the staging of a probe chunk more than its bytes do.
+pub(crate) const SPLIT_ROWS: usize = 1 << 18;
+
+/// The rows of `batches` by pass, in their order within each pass: one
+/// batch per pass, slices of one gather.
+pub(crate) fn split_by_pass(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    keys: &[PhysicalExprRef],
+    passes: usize,
+) -> Result<Vec<RecordBatch>> {
+    let passes = passes.max(1);
     let pass_of = |hash: u64| (hash >> 32) as usize % passes; // high bits: low ones of some hashes vary little
+    let mut pass_by_row = Vec::with_capacity(batches.iter().map(RecordBatch::num_rows).sum());
+    let mut hashes = vec![];
+    for batch in batches {
+        let arrays = keys
+            .iter()
+            .map(|key| key.evaluate(batch)?.into_array(batch.num_rows()))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        hashes.clear();
+        hashes.resize(batch.num_rows(), 0);
+        create_hashes(&arrays, &PASS_HASH_STATE, &mut hashes)?;
+        pass_by_row.extend(hashes.iter().map(|&hash| pass_of(hash) as u32));
+    }
     let mut starts = vec![0usize; passes + 1];
-    for &hash in &hashes {
-        starts[pass_of(hash) + 1] += 1;
+    for &pass in &pass_by_row {
+        starts[pass as usize + 1] += 1;
     }
     for pass in 0..passes {
         starts[pass + 1] += starts[pass];
     }
+    // A counting sort of (batch, row) by pass; one gather then puts the
+    // rows in pass order, and each pass is a slice.
     let mut next = starts.clone();
-    let mut order = vec![0u32; batch.num_rows()];
-    for (row, &hash) in hashes.iter().enumerate() {
-        let slot = &mut next[pass_of(hash)];
-        order[*slot] = row as u32;
+    let mut order = vec![(0, 0); pass_by_row.len()];
+    let rows = batches.iter().enumerate().flat_map(|(b, batch)| (0..batch.num_rows()).map(move |row| (b, row)));
+    for (&pass, at) in pass_by_row.iter().zip(rows) {
+        let slot = &mut next[pass as usize];
+        order[*slot] = at;
         *slot += 1;
     }
-    let ordered = take_record_batch(batch, &UInt32Array::from(order))?;
+    let ordered = match batches {
+        [] => RecordBatch::new_empty(Arc::clone(schema)),
+        _ => interleave_record_batch(&batches.iter().collect::<Vec<_>>(), &order)?,
+    };
     Ok(starts.windows(2).map(|w| ordered.slice(w[0], w[1] - w[0])).collect())
+}
+
+/// The build side's batches split into `passes` passes of one batch each,
+/// on every core of the current rayon pool: groups of batches are split,
+/// then each pass's pieces concatenated.
+pub(crate) fn split_into_passes(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    keys: &[PhysicalExprRef],
+    passes: usize,
+) -> Result<Vec<RecordBatch>> {
+    let split = in_groups(batches, SPLIT_ROWS)
+        .par_iter()
+        .map(|group| split_by_pass(schema, group, keys, passes))
+        .collect::<Result<Vec<_>>>()?;
+    (0..passes)
+        .into_par_iter()
+        .map(|pass| Ok(concat_batches(schema, split.iter().filter_map(|pieces| pieces.get(pass)))?))
+        .collect()
+}
+
+/// `batches` in consecutive groups of at least `rows` rows (the last may
+/// have fewer).
+fn in_groups(batches: &[RecordBatch], rows: usize) -> Vec<&[RecordBatch]> {
+    let mut groups = vec![];
+    let (mut first, mut in_group) = (0, 0);
+    for (i, batch) in batches.iter().enumerate() {
+        in_group += batch.num_rows();
+        if in_group >= rows {
+            groups.push(&batches[first..=i]);
+            (first, in_group) = (i + 1, 0);
+        }
+    }
+    if first < batches.len() {
+        groups.push(&batches[first..]);
+    }
+    groups
 }
 
 type SharedPass<B> = std::result::Result<Arc<BuildSide<B>>, Arc<DataFusionError>>;
@@ -92,34 +165,58 @@ type SharedPass<B> = std::result::Result<Arc<BuildSide<B>>, Arc<DataFusionError>
 /// Where a pass is (or is being) prepared; partitions asking at once share it.
 type PassCell<B> = Arc<OnceCell<SharedPass<B>>>;
 
+/// A pass on the device, or being prepared for it.
+struct Resident<B: JoinBackend> {
+    pass: usize,
+    cell: PassCell<B>,
+    /// When a look for room first found it idle; cleared when it is used.
+    idle_since: Option<Instant>,
+}
+
+impl<B: JoinBackend> Resident<B> {
+    /// Being prepared, or held by a job.
+    fn busy(&self) -> bool {
+        Arc::strong_count(&self.cell) > 1
+            || match self.cell.get() {
+                Some(Ok(build)) => Arc::strong_count(build) > 1,
+                Some(Err(_)) => false,
+                None => true,
+            }
+    }
+}
+
 /// The build side split into passes, and the passes now on the device.
 pub(crate) struct BuildPasses<B: JoinBackend> {
     /// Each pass's build rows on the host.
     pieces: Vec<RecordBatch>,
-    resident: Mutex<Vec<(usize, PassCell<B>)>>,
+    /// Per pass, the partitions that may still have probe rows to join
+    /// with it.
+    needed: Vec<AtomicUsize>,
+    resident: Mutex<Vec<Resident<B>>>,
 }
 
 impl<B: JoinBackend> BuildPasses<B> {
     pub fn new(pieces: Vec<RecordBatch>) -> Self {
-        Self { pieces, resident: Mutex::default() }
+        let needed = pieces.iter().map(|_| AtomicUsize::new(0)).collect();
+        Self { pieces, needed, resident: Mutex::default() }
     }
 
     pub fn count(&self) -> usize {
         self.pieces.len()
     }
 
-    /// Of the passes a partition still has to join, the one to join next:
-    /// one already on the device, else the first.
-    pub fn next_pass(&self, remaining: &BTreeSet<usize>) -> Option<usize> {
-        let resident = self.resident.lock().ok().map(|r| r.iter().map(|(pass, _)| *pass).collect::<Vec<_>>());
-        resident
-            .and_then(|resident| remaining.iter().copied().find(|pass| resident.contains(pass)))
-            .or_else(|| remaining.first().copied())
+    /// A partition's passes, every one needed until the partition has
+    /// joined it, found it has no probe rows for it, or stopped.
+    pub fn to_join(&self) -> PassesToJoin<'_, B> {
+        for needed in &self.needed {
+            needed.fetch_add(1, Ordering::Relaxed);
+        }
+        PassesToJoin { passes: self, remaining: (0..self.count()).collect() }
     }
 
     /// Pass `pass` on the device, prepared by `prepare` from its build rows
     /// if it is not there. Waits while the device holds as many passes as
-    /// it may and jobs hold all of them.
+    /// it may and none of them can go (see [`Self::resident_cell`]).
     pub async fn acquire<F, Fut>(&self, pass: usize, prepare: F) -> Result<Arc<BuildSide<B>>>
     where
         F: FnOnce(RecordBatch) -> Fut,
@@ -144,35 +241,94 @@ impl<B: JoinBackend> BuildPasses<B> {
         prepared.map_err(DataFusionError::Shared)
     }
 
-    /// The cell of `pass`, made resident if room can be found by evicting
-    /// passes no job holds; `None` while there is none.
+    /// The cell of `pass`, made resident if there is room; `None` while
+    /// there is none. Room is made by evicting an idle pass: at once one
+    /// that no partition needs any more, after [`PASS_IDLE_GRACE`] one that
+    /// partitions still need, which would have to be prepared again.
     fn resident_cell(&self, pass: usize) -> Result<Option<PassCell<B>>> {
         let mut resident =
             self.resident.lock().map_err(|_| DataFusionError::Internal("GPU join pass lock poisoned".into()))?;
-        if let Some((_, cell)) = resident.iter().find(|(p, _)| *p == pass) {
-            return Ok(Some(Arc::clone(cell)));
+        if let Some(found) = resident.iter_mut().find(|r| r.pass == pass) {
+            found.idle_since = None;
+            return Ok(Some(Arc::clone(&found.cell)));
         }
-        // A pass is idle when its preparation has ended and only the cell
-        // holds it.
-        resident.retain(|(_, cell)| {
-            Arc::strong_count(cell) > 1
-                || match cell.get() {
-                    Some(Ok(build)) => Arc::strong_count(build) > 1,
-                    Some(Err(_)) => false,
-                    None => true,
-                }
-        });
+        let now = Instant::now();
+        resident.retain(|r| !matches!(r.cell.get(), Some(Err(_))));
+        for r in resident.iter_mut() {
+            match r.busy() {
+                true => r.idle_since = None,
+                false => _ = r.idle_since.get_or_insert(now),
+            }
+        }
+        if resident.len() >= RESIDENT_PASSES {
+            let needed = |pass: usize| self.needed.get(pass).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
+            let states: Vec<_> = resident.iter().map(|r| (r.idle_since, needed(r.pass))).collect();
+            if let Some(i) = victim(&states, now) {
+                resident.swap_remove(i);
+            }
+        }
         if resident.len() >= RESIDENT_PASSES {
             return Ok(None);
         }
         let cell = Arc::new(OnceCell::new());
-        resident.push((pass, Arc::clone(&cell)));
+        resident.push(Resident { pass, cell: Arc::clone(&cell), idle_since: None });
         Ok(Some(cell))
     }
 
     fn evict(&self, pass: usize) {
         if let Ok(mut resident) = self.resident.lock() {
-            resident.retain(|(p, _)| *p != pass);
+            resident.retain(|r| r.pass != pass);
+        }
+    }
+
+    fn resident_passes(&self) -> Vec<usize> {
+        self.resident.lock().map(|resident| resident.iter().map(|r| r.pass).collect()).unwrap_or_default()
+    }
+}
+
+/// Of resident passes, each idle since when (`None`: busy) and whether a
+/// partition still needs it, the one to evict for another pass: an idle
+/// pass no one needs, else the one idle longest, once idle for
+/// [`PASS_IDLE_GRACE`]; `None` while none may go.
+fn victim(resident: &[(Option<Instant>, bool)], now: Instant) -> Option<usize> {
+    let evictable = |&(idle_since, needed): &(Option<Instant>, bool)| {
+        idle_since.is_some_and(|since| !needed || now.duration_since(since) >= PASS_IDLE_GRACE)
+    };
+    (0..resident.len()).filter(|&i| evictable(&resident[i])).min_by_key(|&i| (resident[i].1, resident[i].0))
+}
+
+/// The passes one partition has still to join; what it has not joined
+/// when dropped (it stopped early, or failed) is no longer needed.
+pub(crate) struct PassesToJoin<'a, B: JoinBackend> {
+    passes: &'a BuildPasses<B>,
+    remaining: BTreeSet<usize>,
+}
+
+impl<B: JoinBackend> PassesToJoin<'_, B> {
+    /// The pass to join next: one already on the device, else the first.
+    pub fn next(&self) -> Option<usize> {
+        let resident = self.passes.resident_passes();
+        let mut remaining = self.remaining.iter().copied();
+        remaining.clone().find(|pass| resident.contains(pass)).or_else(|| remaining.next())
+    }
+
+    /// `pass` is joined, or has no probe rows: this partition no longer
+    /// needs it.
+    pub fn done(&mut self, pass: usize) {
+        if self.remaining.remove(&pass)
+            && let Some(needed) = self.passes.needed.get(pass)
+        {
+            needed.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<B: JoinBackend> Drop for PassesToJoin<'_, B> {
+    fn drop(&mut self) {
+        for pass in std::mem::take(&mut self.remaining) {
+            if let Some(needed) = self.passes.needed.get(pass) {
+                needed.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -180,6 +336,73 @@ impl<B: JoinBackend> BuildPasses<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_pass_no_one_needs_goes_first_and_a_needed_one_only_after_the_grace() {
+        let now = Instant::now();
+        let (within, past) = (now - PASS_IDLE_GRACE / 2, now - PASS_IDLE_GRACE * 2);
+        assert_eq!(victim(&[(None, false), (None, true)], now), None, "busy passes stay");
+        assert_eq!(victim(&[(Some(within), true), (Some(now), false)], now), Some(1));
+        assert_eq!(victim(&[(Some(within), true), (Some(now), true)], now), None, "needed, within the grace");
+        assert_eq!(victim(&[(Some(within), true), (Some(past), true)], now), Some(1));
+        assert_eq!(victim(&[(Some(past), true), (Some(within), false)], now), Some(1), "no one needs it");
+        assert_eq!(victim(&[(Some(within), false), (Some(past), false)], now), Some(1), "idle longest");
+    }
+
+    #[test]
+    fn every_row_lands_in_one_pass_in_its_order() -> Result<()> {
+        use arrow::array::{Array, AsArray, Int32Array, UInt32Array};
+        use arrow::datatypes::{DataType, Field, Schema, UInt32Type};
+        use datafusion::physical_expr::expressions::col;
+        use rand::{Rng, SeedableRng};
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int32, true),
+            Field::new("at", DataType::UInt32, false),
+        ]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        let (mut batches, mut at) = (vec![], 0u32);
+        for rows in [0, 1, 777, 4099, 3] {
+            // Few distinct keys, a tenth null: duplicates land together.
+            let keys: Int32Array = (0..rows).map(|_| rng.random_bool(0.9).then(|| rng.random_range(0..50))).collect();
+            let positions = UInt32Array::from_iter_values(at..at + rows);
+            at += rows;
+            batches.push(RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys), Arc::new(positions)])?);
+        }
+        let keys = [col("k", &schema)?];
+        let passes = split_by_pass(&schema, &batches, &keys, 8)?;
+        assert_eq!(passes.len(), 8);
+        let mut pass_of_key = std::collections::HashMap::new();
+        let mut seen = vec![false; at as usize];
+        for (pass, piece) in passes.iter().enumerate() {
+            let (k, positions) = (piece.column(0).as_primitive::<arrow::datatypes::Int32Type>(), piece.column(1));
+            let positions = positions.as_primitive::<UInt32Type>().values();
+            assert!(positions.windows(2).all(|w| w[0] < w[1]), "pass {pass} keeps the input order");
+            for (row, &position) in positions.iter().enumerate() {
+                let key = k.is_valid(row).then(|| k.value(row));
+                assert_eq!(*pass_of_key.entry(key).or_insert(pass), pass, "key {key:?} in two passes");
+                seen[position as usize] = true;
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "every row in some pass");
+        assert_eq!(passes.iter().map(RecordBatch::num_rows).sum::<usize>(), at as usize);
+        let whole = split_into_passes(&schema, &batches, &keys, 8)?;
+        assert_eq!(whole, passes, "split in groups, the build side's passes are the same");
+        Ok(())
+    }
+
+    #[test]
+    fn groups_hold_at_least_the_rows_asked_but_the_last() {
+        let schema = Arc::new(arrow::datatypes::Schema::empty());
+        let batch = |rows| {
+            let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows));
+            RecordBatch::try_new_with_options(Arc::clone(&schema), vec![], &options)
+        };
+        let batches = [3, 4, 1, 9, 2].map(|rows| batch(rows).expect("a batch"));
+        let sizes: Vec<usize> = in_groups(&batches, 5).iter().map(|group| group.len()).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        assert!(in_groups(&[], 5).is_empty());
+    }
 
     #[test]
     fn pass_counts_are_powers_of_two_within_the_limits() {

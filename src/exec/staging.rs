@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 
 use crate::algorithms::{HostRows, assemble_columns};
@@ -97,25 +97,4 @@ pub(crate) fn assemble_rows<B: JoinBackend>(
 ) -> Result<HostRows> {
     let columns = assemble_columns(backend, &schema, &batches, rows, whole)?;
     Ok(HostRows::new(schema, batches, columns))
-}
-
-/// `batches` as one batch of `rows` rows, bound for `backend`.
-pub(crate) fn concat_in_parallel<B: JoinBackend>(
-    backend: &B,
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-    rows: usize,
-) -> Result<RecordBatch> {
-    match batches {
-        [] => return Ok(RecordBatch::new_empty(Arc::clone(schema))),
-        [batch] => return Ok(batch.clone()),
-        _ => {}
-    }
-    let every: Vec<usize> = (0..schema.fields().len()).collect();
-    let columns = assemble_columns(backend, schema, batches, rows, &every)?.into_iter().flatten().collect();
-    Ok(RecordBatch::try_new_with_options(
-        Arc::clone(schema),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(rows)),
-    )?)
 }

@@ -19,7 +19,6 @@
 //! join that cannot be split, leaves the partition to DataFusion's
 //! operator.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -37,7 +36,7 @@ use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::build::{CollectedBuild, DeviceJoin, PendingBuild, admitted};
 use super::fallback::{join_chunk_on_cpu, join_partition_on_cpu};
-use super::passes::{BuildPasses, split_by_pass};
+use super::passes::{BuildPasses, SPLIT_ROWS, split_by_pass};
 use super::read_ahead::read_ahead_while;
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
@@ -177,6 +176,7 @@ impl<B: JoinBackend> Partition<'_, B> {
             BuildSource::Whole(build) => Ok(BuildNow::Ready(Arc::clone(build))),
             BuildSource::Pass(passes, pass) => {
                 let prepare = |piece| {
+                    self.inputs.metrics.build_pass_loads.add(1);
                     let rows = HostRows::whole(piece);
                     self.join.prepare_admitted(&self.build_backend, &self.inputs.metrics, self.options, rows, None)
                 };
@@ -383,36 +383,76 @@ async fn join_probe_side<B: JoinBackend>(
     Ok(ProbeEnd::Joined(finished))
 }
 
-/// Holds the probe side on the host split by pass, then joins it pass by
-/// pass, a pass already on the device first. False when no more output is
+/// A partition's probe rows split by pass, held on the host (in
+/// DataFusion's memory pool) until their pass is joined.
+struct ProbeByPass {
+    pieces: Vec<Vec<RecordBatch>>,
+    reservation: MemoryReservation,
+}
+
+/// Reads the probe side and splits it into `passes` passes, batches
+/// gathered into splits of [`SPLIT_ROWS`] rows.
+async fn split_probe_by_pass(
+    inputs: &PartitionInputs,
+    probe_keys: &[PhysicalExprRef],
+    passes: usize,
+    mut probe: BoxStream<'_, Result<RecordBatch>>,
+) -> Result<ProbeByPass> {
+    let reservation =
+        MemoryConsumer::new(format!("GpuJoinProbePasses[{}]", inputs.partition)).register(inputs.context.memory_pool());
+    let mut pieces: Vec<Vec<RecordBatch>> = vec![vec![]; passes];
+    let schema = inputs.right.schema();
+    let mut split = |batches: &mut Vec<RecordBatch>| -> Result<()> {
+        let by_pass = split_by_pass(&schema, batches, probe_keys, passes)?;
+        for (pass, piece) in by_pass.into_iter().enumerate().filter(|(_, piece)| piece.num_rows() > 0) {
+            reservation.try_grow(held_bytes(&piece))?;
+            pieces[pass].push(piece);
+        }
+        reservation.shrink(batches.drain(..).map(|batch| held_bytes(&batch)).sum());
+        Ok(())
+    };
+    let (mut unsplit, mut unsplit_rows) = (vec![], 0);
+    while let Some(batch) = probe.next().await {
+        let batch = batch?;
+        reservation.try_grow(held_bytes(&batch))?;
+        unsplit_rows += batch.num_rows();
+        unsplit.push(batch);
+        if unsplit_rows >= SPLIT_ROWS {
+            split(&mut unsplit)?;
+            unsplit_rows = 0;
+        }
+    }
+    split(&mut unsplit)?;
+    Ok(ProbeByPass { pieces, reservation })
+}
+
+/// Splits a partition's probe rows by pass, then joins them pass by pass,
+/// a pass already on the device first. Every pass counts as needed by the
+/// partition from the start, so that partitions still splitting do not see
+/// the first passes evicted by those done. False when no more output is
 /// wanted.
 async fn join_in_passes<'a, B: JoinBackend>(
     inputs: &PartitionInputs,
     probe_keys: &[PhysicalExprRef],
     passes: &BuildPasses<B>,
-    mut probe: BoxStream<'_, Result<RecordBatch>>,
+    probe: BoxStream<'_, Result<RecordBatch>>,
     partition: impl Fn(usize) -> Partition<'a, B>,
     output: &mut OutputSender<'_>,
 ) -> Result<bool> {
-    let reservation =
-        MemoryConsumer::new(format!("GpuJoinProbePasses[{}]", inputs.partition)).register(inputs.context.memory_pool());
-    let mut pieces: Vec<Vec<RecordBatch>> = vec![vec![]; passes.count()];
-    while let Some(batch) = probe.next().await {
-        for (pass, piece) in split_by_pass(&batch?, probe_keys, passes.count())?.into_iter().enumerate() {
-            if piece.num_rows() > 0 {
-                reservation.try_grow(held_bytes(&piece))?;
-                pieces[pass].push(piece);
-            }
-        }
+    let mut to_join = passes.to_join();
+    let ProbeByPass { mut pieces, reservation } =
+        split_probe_by_pass(inputs, probe_keys, passes.count(), probe).await?;
+    for pass in (0..pieces.len()).filter(|&pass| pieces[pass].is_empty()) {
+        to_join.done(pass);
     }
-    let mut remaining: BTreeSet<usize> = (0..pieces.len()).filter(|&pass| !pieces[pass].is_empty()).collect();
-    while let Some(pass) = passes.next_pass(&remaining) {
-        remaining.remove(&pass);
+    while let Some(pass) = to_join.next() {
         let batches = std::mem::take(&mut pieces[pass]);
         // The loader accounts for the batches from here on.
         reservation.shrink(batches.iter().map(held_bytes).sum());
         let mut probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
-        if !join_probe_side(&partition(pass), &mut probe, output).await?.joined()? {
+        let finished = join_probe_side(&partition(pass), &mut probe, output).await?.joined()?;
+        to_join.done(pass);
+        if !finished {
             return Ok(false);
         }
     }
@@ -620,6 +660,8 @@ async fn join_chunk<B: JoinBackend>(
     };
     let batch = run_blocking("assembling a probe chunk to retry", move || chunk.whole_batch()).await?;
     log::info!("gpu_join: retrying a probe chunk of {} rows alone on the device: {error}", batch.num_rows());
+    let retries = &partition.inputs.metrics.out_of_memory_retries;
+    retries.add(1);
     let mut output = vec![];
     let mut pending = vec![batch];
     while let Some(piece) = pending.pop() {
@@ -635,6 +677,7 @@ async fn join_chunk<B: JoinBackend>(
             Err(e) => return Err(e),
         };
         drop(permit);
+        retries.add(1);
         let rows = piece.num_rows();
         if rows <= SMALLEST_RETRY_ROWS {
             let context = Arc::clone(&partition.inputs.context);
@@ -734,6 +777,7 @@ async fn join_partition_in_key_order<B: JoinBackend>(
                     "gpu_join: a probe side of {} rows in key order ran out of device memory: {e}",
                     chunk.rows()
                 );
+                inputs.metrics.out_of_memory_retries.add(1);
                 error = Some(e);
             }
             Err(e) => return Err(e),
