@@ -142,6 +142,8 @@ async fn allocation_failures_are_retried_or_fall_back() {
     let ctx = gpu_session(&["set gpu_join.inject_allocation_failures = 1"]).await;
     for (query, expected) in QUERIES.iter().zip(&expected) {
         assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{query} after one failure");
+        let [retries] = join_metrics(&ctx, query, ["out_of_memory_retries"]).await;
+        assert!(retries.is_some_and(|r| r > 0), "{query}: {retries:?} retries counted after a failure");
     }
     // Every probe allocation fails: chunks are split to the smallest size,
     // then handed to DataFusion's hash join where the join type allows it.
@@ -170,11 +172,13 @@ fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     }
 }
 
-/// The `build_passes` metric of the query's GPU join, from EXPLAIN ANALYZE.
-async fn build_passes(ctx: &SessionContext, query: &str) -> Option<usize> {
+/// Metrics of the query's first GPU join, by name, from EXPLAIN ANALYZE.
+async fn join_metrics<const N: usize>(ctx: &SessionContext, query: &str, names: [&str; N]) -> [Option<usize>; N] {
     let text = sorted_rows(&run(ctx, &format!("explain analyze {query}")).await).join("\n");
-    let at = text.find("build_passes=")? + "build_passes=".len();
-    text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    names.map(|name| {
+        let at = text.find(&format!("{name}="))? + name.len() + 1;
+        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    })
 }
 
 /// Runs every query with `setting`, in both partition modes, and checks
@@ -194,11 +198,13 @@ async fn assert_split_or_left_to_datafusion(setting: &str, fewest_passes: usize)
         for (query, expected) in QUERIES.iter().zip(&expected) {
             let label = format!("{query} ({setting}, collect_build_side = {collect})");
             assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
-            let passes = build_passes(&ctx, query).await;
+            let [passes, loads] = join_metrics(&ctx, query, ["build_passes", "build_pass_loads"]).await;
             if query.contains("left join") || query.contains("full join") {
                 assert!(passes.is_none_or(|p| p == 0), "{label}: split into {passes:?} passes");
             } else if query.contains(" join ") {
                 assert!(passes.is_some_and(|p| p >= fewest_passes), "{label}: split into {passes:?} passes");
+                // Every pass with probe rows is prepared at least once.
+                assert!(loads.is_some_and(|l| l >= 1), "{label}: {loads:?} passes prepared");
             }
         }
     }
