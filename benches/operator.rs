@@ -153,6 +153,11 @@ fn session(gpu: bool, r: &Arc<MemTable>, s: &Arc<MemTable>) -> SessionContext {
     ctx
 }
 
+/// The SQL statements of a `;`-separated settings variable.
+fn statements(settings: &str) -> impl Iterator<Item = &str> {
+    settings.split(';').map(str::trim).filter(|s| !s.is_empty())
+}
+
 fn median(mut values: Vec<Duration>) -> Duration {
     values.sort();
     values.get(values.len() / 2).copied().unwrap_or_default()
@@ -275,7 +280,7 @@ fn operator(c: &mut Criterion) {
         let join_only = format!("select {} from r join s on r.k = s.k", columns.join(", "));
         let (cpu, gpu) = (session(false, &r, &s), session(true, &r, &s));
         for (ctx, settings) in [(&cpu, &session_settings), (&gpu, &session_settings), (&gpu, &settings)] {
-            for setting in settings.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            for setting in statements(settings) {
                 runtime.block_on(async { ctx.sql(setting).await.expect("a setting").collect().await.expect("set") });
             }
         }
@@ -447,7 +452,7 @@ async fn build_twice_the_budget(build_keys: Vec<i32>, probe_keys: Vec<i32>, sett
         "set gpu_join.concurrent_tasks = 4".into(),
     ]
     .into_iter()
-    .chain(settings.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from))
+    .chain(statements(settings).map(String::from))
     {
         gpu.sql(&setting).await.expect("a setting").collect().await.expect("set");
     }

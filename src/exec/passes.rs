@@ -281,6 +281,12 @@ impl<B: JoinBackend> BuildPasses<B> {
         }
     }
 
+    fn needed_by_one_less(&self, pass: usize) {
+        if let Some(needed) = self.needed.get(pass) {
+            needed.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     fn resident_passes(&self) -> Vec<usize> {
         self.resident.lock().map(|resident| resident.iter().map(|r| r.pass).collect()).unwrap_or_default()
     }
@@ -315,10 +321,8 @@ impl<B: JoinBackend> PassesToJoin<'_, B> {
     /// `pass` is joined, or has no probe rows: this partition no longer
     /// needs it.
     pub fn done(&mut self, pass: usize) {
-        if self.remaining.remove(&pass)
-            && let Some(needed) = self.passes.needed.get(pass)
-        {
-            needed.fetch_sub(1, Ordering::Relaxed);
+        if self.remaining.remove(&pass) {
+            self.passes.needed_by_one_less(pass);
         }
     }
 }
@@ -326,9 +330,7 @@ impl<B: JoinBackend> PassesToJoin<'_, B> {
 impl<B: JoinBackend> Drop for PassesToJoin<'_, B> {
     fn drop(&mut self) {
         for pass in std::mem::take(&mut self.remaining) {
-            if let Some(needed) = self.passes.needed.get(pass) {
-                needed.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.passes.needed_by_one_less(pass);
         }
     }
 }
