@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::TableProvider;
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::JoinType;
+use datafusion::datasource::MemTable;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
@@ -623,16 +625,8 @@ impl PartitionStream for RacingSide {
         let (batches, probe_read) = (self.batches.clone(), Arc::clone(&self.probe_read));
         let stream: BoxStream<'static, datafusion::error::Result<RecordBatch>> = match self.waits_for_probe {
             true => futures::stream::once(async move {
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while !probe_read.load(Ordering::Acquire) {
-                    if Instant::now() > deadline {
-                        return Err(DataFusionError::Execution(
-                            "the probe input was not read while the build side was collected".into(),
-                        ));
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                Ok(futures::stream::iter(batches.into_iter().map(Ok)))
+                waited_for(&probe_read, "the probe input was not read while the build side was collected").await?;
+                Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
             })
             .try_flatten()
             .boxed(),
@@ -642,6 +636,104 @@ impl PartitionStream for RacingSide {
         };
         Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
     }
+}
+
+/// Ok once `flag` is set; the error `failure` if it is not within a few
+/// seconds.
+async fn waited_for(flag: &AtomicBool, failure: &str) -> datafusion::error::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !flag.load(Ordering::Acquire) {
+        if Instant::now() > deadline {
+            return Err(DataFusionError::Execution(failure.into()));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// A probe partition that gives its first batch, then waits until
+/// `released` before giving the rest, and fails after a few seconds.
+#[derive(Debug)]
+struct StallingProbe {
+    schema: Arc<Schema>,
+    first: RecordBatch,
+    rest: RecordBatch,
+    released: Arc<AtomicBool>,
+}
+
+impl PartitionStream for StallingProbe {
+    fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let (rest, released) = (self.rest.clone(), Arc::clone(&self.released));
+        let rest = futures::stream::once(async move {
+            waited_for(&released, "the join held the output of a chunk until its probe input went on").await?;
+            Ok(rest)
+        });
+        let stream = futures::stream::once(futures::future::ready(Ok(self.first.clone()))).chain(rest);
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
+    }
+}
+
+/// Registers `b` (build, one partition of 300 rows) and `p` (probe, two
+/// partitions of 400 rows, each stalling after 200 until `released`), both
+/// `(k, v)` over the keys 0 to 299.
+fn register_stalling_tables(ctx: &SessionContext, released: &Arc<AtomicBool>) {
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Int64, false)]));
+    let batch = |ids: std::ops::Range<i64>| {
+        let k: Int64Array = ids.clone().map(|i| Some(i * 7 % 300)).collect();
+        RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(Int64Array::from_iter_values(ids))])
+            .unwrap()
+    };
+    let build = MemTable::try_new(Arc::clone(&schema), vec![vec![batch(0..300)]]).unwrap();
+    let probe = (0..2)
+        .map(|part| {
+            let start = part * 400;
+            let side = StallingProbe {
+                schema: Arc::clone(&schema),
+                first: batch(start..start + 200),
+                rest: batch(start + 200..start + 400),
+                released: Arc::clone(released),
+            };
+            Arc::new(side) as Arc<dyn PartitionStream>
+        })
+        .collect();
+    let probe = StreamingTable::try_new(Arc::clone(&schema), probe).unwrap();
+    for (name, table) in [("b", Arc::new(build) as Arc<dyn TableProvider>), ("p", Arc::new(probe))] {
+        ctx.deregister_table(name).unwrap();
+        ctx.register_table(name, table).unwrap();
+    }
+}
+
+/// A probe input that stalls does not hold back the output of the chunks
+/// it filled: the join hands it on while it waits for the next chunk,
+/// rather than once that chunk is joined. Here each probe partition gives
+/// one chunk's rows and then waits for the query's first output before
+/// giving the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn output_of_a_stalled_probe_input_leaves_while_it_waits() {
+    let sql = "SELECT b.k, b.v, p.v FROM b JOIN p ON b.k = p.k";
+    let config = || SessionConfig::new().with_target_partitions(2).with_batch_size(100);
+    let reference = datafusion_context(config());
+    register_stalling_tables(&reference, &Arc::new(AtomicBool::new(true)));
+    let expected = sorted_rows(&run(&reference, sql).await);
+    assert_eq!(expected.len(), 800);
+    let ctx = gpu_context(config());
+    run(&ctx, "SET gpu_join.probe_chunk_rows = 200").await;
+    let output_seen = Arc::new(AtomicBool::new(false));
+    register_stalling_tables(&ctx, &output_seen);
+    let plan = physical_plan_text(&ctx, sql).await;
+    assert!(plan.contains("GpuJoinExec"), "{plan}");
+    let mut output = ctx.sql(sql).await.unwrap().execute_stream().await.unwrap();
+    let mut batches = vec![];
+    while let Some(batch) = output.next().await {
+        batches.push(batch.unwrap_or_else(|e| panic!("{e}")));
+        output_seen.store(true, Ordering::Release);
+    }
+    assert_eq!(sorted_rows(&batches), expected);
 }
 
 /// Registers `b` (build, 2 partitions) and `p` (probe, 3 partitions), each

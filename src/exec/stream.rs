@@ -608,8 +608,9 @@ async fn load_chunk<B: JoinBackend>(
     .await
 }
 
-/// Joins loaded chunks and sends their output while the next one joins.
-/// False when no more output is wanted.
+/// Joins loaded chunks and sends their output while the next one is
+/// awaited and joined: a probe input that stalls does not hold back the
+/// output of what it gave. False when no more output is wanted.
 async fn join_chunks<B: JoinBackend>(
     partition: &Partition<'_, B>,
     mut chunk_rx: Receiver<Chunk<B>>,
@@ -617,17 +618,24 @@ async fn join_chunks<B: JoinBackend>(
 ) -> Result<bool> {
     let backend = partition.open_backend()?;
     let mut previous: Vec<RecordBatch> = vec![];
-    while let Some(chunk) = chunk_rx.recv().await {
+    loop {
         // The build side is let go as soon as the chunk is joined, not
         // held while the output waits for its consumer.
-        let joined = async { join_chunk(partition, &backend, &partition.build().await?, chunk).await };
-        let (joined, sent) = futures::join!(joined, output.send_all(std::mem::take(&mut previous)));
+        let next = async {
+            let Some(chunk) = chunk_rx.recv().await else {
+                return Ok(None);
+            };
+            join_chunk(partition, &backend, &partition.build().await?, chunk).await.map(Some)
+        };
+        let (joined, sent) = futures::join!(next, output.send_all(std::mem::take(&mut previous)));
         if !sent? {
             return Ok(false);
         }
-        previous = joined?;
+        match joined? {
+            Some(joined) => previous = joined,
+            None => return Ok(true),
+        }
     }
-    output.send_all(previous).await
 }
 
 /// The output of one chunk: joined on the device, retried alone and then in
