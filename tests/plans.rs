@@ -716,7 +716,7 @@ fn register_stalling_tables(ctx: &SessionContext, released: &Arc<AtomicBool>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn output_of_a_stalled_probe_input_leaves_while_it_waits() {
     let sql = "SELECT b.k, b.v, p.v FROM b JOIN p ON b.k = p.k";
-    let config = || SessionConfig::new().with_target_partitions(2).with_batch_size(100);
+    let config = || SessionConfig::new().with_target_partitions(2);
     let reference = datafusion_context(config());
     register_stalling_tables(&reference, &Arc::new(AtomicBool::new(true)));
     let expected = sorted_rows(&run(&reference, sql).await);
