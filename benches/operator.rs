@@ -9,7 +9,12 @@
 //! (wide). For each workload it times the whole query
 //! (`select count(*), sum(..) from r join s on r.k = s.k`) on both sessions,
 //! and the GPU join operator alone (every output partition of the join
-//! drained), whose bytes moved each way give the PCIe floor at 55 GB/s.
+//! drained), against the PCIe floor: the workload's input bytes up or its
+//! output bytes down at 55 GB/s, whichever take longer. Beside it, the
+//! floors of the host (one copy of every input byte) and of the host and
+//! the bus together (that copy through pinned memory and up, while the
+//! output's bytes come down), and DataFusion's aggregation of the query
+//! over the join's output held in memory.
 //!
 //! `ordered` (only when named) runs the narrow join planned as a sort-merge
 //! join whose order an aggregate relies on, against DataFusion's.
@@ -37,7 +42,9 @@ use std::time::{Duration, Instant};
 use arrow::array::{ArrayRef, AsArray, Int32Array};
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use arrow::util::pretty::pretty_format_batches;
 use criterion::{Criterion, criterion_group, criterion_main};
+use cudarc::driver::{CudaContext, DriverError, result};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
@@ -124,6 +131,82 @@ fn host_copy_floor(tables: &[&Partitions]) -> Duration {
     median(runs.split_off(1))
 }
 
+/// Pinned slots the transfer floor fills in turn, and the bytes of each.
+const FLOOR_SLOTS: usize = 8;
+const FLOOR_SLOT_BYTES: usize = 64 << 20;
+
+/// The transfer floor: the time to move every input byte to the device as
+/// any operator over DataFusion's pageable batches must (copied on every
+/// core into pinned memory a slot at a time, each slot's upload enqueued as
+/// soon as it is filled) while `down` bytes come back into pinned memory on
+/// a stream of their own; no join work at all (median of 5 after one). The
+/// PCIe floor leaves the host out; this is what the host and the bus give
+/// together.
+fn transfer_floor(tables: &[&Partitions], down: usize) -> Result<Duration, DriverError> {
+    let buffers: Vec<&[u8]> = tables
+        .iter()
+        .flat_map(|partitions| partitions.iter().flatten())
+        .flat_map(|batch| batch.columns().iter().map(|c| c.as_primitive::<Int32Type>().values().inner().as_slice()))
+        .collect();
+    // Slots of whole buffers, each under FLOOR_SLOT_BYTES.
+    let mut slots: Vec<Vec<&[u8]>> = vec![vec![]];
+    let mut filled = 0;
+    for buffer in buffers {
+        if filled + buffer.len() > FLOOR_SLOT_BYTES {
+            slots.push(vec![]);
+            filled = 0;
+        }
+        filled += buffer.len();
+        slots.last_mut().expect("a slot").push(buffer);
+    }
+    let up: usize = slots.iter().flatten().map(|b| b.len()).sum();
+    let context = CudaContext::new(0)?;
+    context.bind_to_thread()?;
+    let (up_stream, down_stream) = (context.new_stream()?, context.new_stream()?);
+    let events = (0..FLOOR_SLOTS).map(|_| context.new_event(None)).collect::<Result<Vec<_>, _>>()?;
+    // SAFETY: every allocation below is freed at the end, after both streams
+    // are synchronized; the pinned memory is only used through the slices.
+    unsafe {
+        let (device_in, device_out) = (result::malloc_sync(up)?, result::malloc_sync(down.max(1))?);
+        let pinned = result::malloc_host(FLOOR_SLOTS * FLOOR_SLOT_BYTES + down, 0)?.cast::<u8>();
+        let pinned = std::slice::from_raw_parts_mut(pinned, FLOOR_SLOTS * FLOOR_SLOT_BYTES + down);
+        pinned.par_chunks_mut(1 << 20).for_each(|c| c.fill(1));
+        let (ring, output) = pinned.split_at_mut(FLOOR_SLOTS * FLOOR_SLOT_BYTES);
+        let mut runs = vec![];
+        for _ in 0..6 {
+            let start = Instant::now();
+            result::memcpy_dtoh_async(&mut *output, device_out, down_stream.cu_stream())?;
+            let mut offset = 0u64;
+            for (i, slot) in slots.iter().enumerate() {
+                let at = i % FLOOR_SLOTS;
+                if i >= FLOOR_SLOTS {
+                    events[at].synchronize()?;
+                }
+                let target = &mut ring[at * FLOOR_SLOT_BYTES..(at + 1) * FLOOR_SLOT_BYTES];
+                let mut pieces = Vec::with_capacity(slot.len());
+                let mut rest = &mut *target;
+                for buffer in slot {
+                    let (piece, tail) = rest.split_at_mut(buffer.len());
+                    pieces.push((piece, *buffer));
+                    rest = tail;
+                }
+                pieces.into_par_iter().for_each(|(to, from)| to.copy_from_slice(from));
+                let len: usize = slot.iter().map(|b| b.len()).sum();
+                result::memcpy_htod_async(device_in + offset, &target[..len], up_stream.cu_stream())?;
+                events[at].record(&up_stream)?;
+                offset += len as u64;
+            }
+            up_stream.synchronize()?;
+            down_stream.synchronize()?;
+            runs.push(start.elapsed());
+        }
+        result::free_host(pinned.as_mut_ptr().cast())?;
+        result::free_sync(device_in)?;
+        result::free_sync(device_out)?;
+        Ok(median(runs.split_off(1)))
+    }
+}
+
 /// R's shuffled primary keys and S's uniform foreign keys.
 fn keys(scale: usize) -> (Vec<i32>, Vec<i32>) {
     let (r, s) = ((1usize << 27) / scale, (1usize << 28) / scale);
@@ -190,6 +273,24 @@ async fn planning_time(ctx: &SessionContext, sql: &str) -> Duration {
     median(runs.split_off(1))
 }
 
+/// DataFusion's time for `query`'s aggregation alone (median of 5 after
+/// one): over the output of `join_only` in `ctx`, held in memory as a table
+/// of as many partitions, in a session without the GPU join.
+async fn aggregation_alone(ctx: &SessionContext, join_only: &str, query: &str) -> Duration {
+    let joined = ctx.sql(join_only).await.expect("planned").collect_partitioned().await.expect("ran");
+    let schema = joined.iter().flatten().next().expect("output").schema();
+    let table = MemTable::try_new(schema, joined).expect("a table");
+    let config = SessionConfig::new().with_target_partitions(PARTITIONS);
+    let cpu = SessionContext::new_with_config(config);
+    cpu.register_table("joined", Arc::new(table)).expect("joined");
+    let sql = query.split(" from ").next().expect("a select list").to_string() + " from joined";
+    let mut runs = vec![];
+    for _ in 0..6 {
+        runs.push(run_query(&cpu, &sql).await.0);
+    }
+    median(runs.split_off(1))
+}
+
 /// One run of the GPU join alone.
 #[derive(Debug, Clone, Default)]
 struct JoinRun {
@@ -247,8 +348,15 @@ struct Row {
     join: Duration,
     first_output: Duration,
     host_floor: Duration,
+    transfer_floor: Duration,
+    /// The workload's input bytes up or its output bytes down, whichever
+    /// is more, at the PCIe speed.
+    pcie_floor: Duration,
     /// DataFusion's session, then the GPU session.
     planning: [Duration; 2],
+    /// DataFusion's aggregation of the query over the join's output held in
+    /// memory: the part of a session's time above any join.
+    aggregation: Duration,
     up: u64,
     down: u64,
     rows: usize,
@@ -271,6 +379,12 @@ fn operator(c: &mut Criterion) {
         let (r, r_batches) = table("p", build_keys.clone(), workload.payloads);
         let (s, s_batches) = table("q", probe_keys.clone(), workload.payloads);
         let host_floor = host_copy_floor(&[&r_batches, &s_batches]);
+        // The workload's bytes: every input column up, the projected output
+        // (every probe row matches once) down.
+        let input_bytes = (build_keys.len() + probe_keys.len()) * size_of::<i32>() * (1 + workload.payloads);
+        let output_bytes = probe_keys.len() * size_of::<i32>() * 2 * workload.payloads;
+        let transfer_floor =
+            transfer_floor(&[&r_batches, &s_batches], output_bytes).expect("the transfer floor measured");
         drop((r_batches, s_batches));
         let (r, s) = (Arc::new(r), Arc::new(s));
         let sums: Vec<String> =
@@ -330,6 +444,12 @@ fn operator(c: &mut Criterion) {
         let joins = joins.into_inner().expect("joins");
         let last = joins.last().cloned().unwrap_or_default();
         println!("{}: GPU join metrics of the last run, summed over partitions: {}", workload.name, last.metrics);
+        let analyzed = runtime.block_on(run_query(&gpu, &format!("explain analyze {query}"))).1;
+        println!(
+            "{}: the GPU session's plan, analyzed:\n{}",
+            workload.name,
+            pretty_format_batches(&analyzed).expect("a plan")
+        );
         rows.push(Row {
             workload: workload.name,
             datafusion: times[0],
@@ -337,7 +457,10 @@ fn operator(c: &mut Criterion) {
             join: median(joins.iter().map(|j| j.elapsed).collect()),
             first_output: median(joins.iter().map(|j| j.first_output).collect()),
             host_floor,
+            transfer_floor,
             planning: [&cpu, &gpu].map(|ctx| runtime.block_on(planning_time(ctx, &query))),
+            aggregation: runtime.block_on(aggregation_alone(&gpu, &join_only, &query)),
+            pcie_floor: Duration::from_secs_f64(input_bytes.max(output_bytes) as f64 / PCIE_BYTES_PER_SECOND),
             up: last.up,
             down: last.down,
             rows: last.rows,
@@ -350,19 +473,21 @@ fn operator(c: &mut Criterion) {
         runtime.block_on(build_twice_the_budget(build_keys, probe_keys, &settings));
     }
     println!(
-        "\nmedian (ms) over the measured runs; PCIe floor = max(bytes up, bytes down) / 55 GB/s; host floor = one copy \
-         of every input byte on every core; planning = the query's planning in each session, part of its time"
+        "\nmedian (ms) over the measured runs; GB up / down = what the join moved; PCIe floor = the larger of the \
+         workload's input bytes (up) and output bytes (down) / 55 GB/s; host floor = one copy \
+         of every input byte on every core; transfer floor = that copy into pinned slots with each slot's upload, \
+         while the output's bytes come down; planning = the query's planning in each session, part of its time; \
+         aggregation alone = DataFusion's aggregation of the query over the join's output in memory"
     );
     println!(
         "| workload | DataFusion | GPU session | speed-up | GPU join alone | first output | GB up | GB down | PCIe floor \
-         | join / floor | host floor | planning (DataFusion / GPU) | output rows |"
+         | join / floor | host floor | transfer floor | planning (DataFusion / GPU) | aggregation alone | output rows |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let floor = row.up.max(row.down) as f64 / PCIE_BYTES_PER_SECOND;
         println!(
-            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} / {:.0} | {} |",
+            "| {} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} | {} |",
             row.workload,
             ms(row.datafusion),
             ms(row.gpu),
@@ -371,11 +496,13 @@ fn operator(c: &mut Criterion) {
             ms(row.first_output),
             row.up as f64 / 1e9,
             row.down as f64 / 1e9,
-            floor * 1e3,
-            row.join.as_secs_f64() / floor,
+            ms(row.pcie_floor),
+            row.join.as_secs_f64() / row.pcie_floor.as_secs_f64(),
             ms(row.host_floor),
+            ms(row.transfer_floor),
             ms(row.planning[0]),
             ms(row.planning[1]),
+            ms(row.aggregation),
             row.rows
         );
     }

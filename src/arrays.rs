@@ -101,7 +101,20 @@ fn compacted_views<T: ByteViewType>(column: &ArrayRef) -> ArrayRef {
     }
 }
 
-fn owned_rows(slice: &ArrayRef) -> Result<ArrayRef> {
+/// `column` over its own rows where it holds more than twice the memory
+/// they take (a slice of a larger array), else as it is: handed on as it
+/// is, it would count the whole array's memory in every reservation.
+pub(crate) fn owned_if_shared(column: &ArrayRef) -> Result<ArrayRef> {
+    let data = column.to_data();
+    match data.get_buffer_memory_size() > 2 * data.get_slice_memory_size()? {
+        true => owned_rows(column),
+        false => Ok(Arc::clone(column)),
+    }
+}
+
+/// `slice`'s rows in arrays of their own size, over the same memory where
+/// the values are fixed-width or views (counted as the slice's rows only).
+pub(crate) fn owned_rows(slice: &ArrayRef) -> Result<ArrayRef> {
     let data_type = slice.data_type();
     match data_type {
         DataType::Utf8View => return Ok(owned_views::<StringViewType>(slice)),
@@ -277,6 +290,28 @@ mod tests {
 
     fn names(rows: usize) -> StringViewArray {
         (0..rows).map(|i| if i % 7 == 0 { None } else { Some(format!("Supplier#{i:012}")) }).collect()
+    }
+
+    #[test]
+    fn slices_of_larger_arrays_are_handed_on_over_their_own_rows() -> Result<()> {
+        let whole: ArrayRef =
+            Arc::new(arrow::array::Int64Array::from_iter((0..10_000).map(|i| (i % 3 != 0).then_some(i))));
+        let unchanged = owned_if_shared(&whole)?;
+        assert!(Arc::ptr_eq(&unchanged, &whole), "an array over its own rows stays as it is");
+        let strings: ArrayRef =
+            Arc::new(arrow::array::StringArray::from_iter_values((0..10_000).map(|i| format!("{i}"))));
+        for column in [whole, strings] {
+            let slice = column.slice(5_000, 100);
+            let owned = owned_if_shared(&slice)?;
+            assert_eq!(owned.as_ref(), slice.as_ref());
+            assert!(
+                owned.get_array_memory_size() * 10 < slice.get_array_memory_size(),
+                "{}: {} bytes counted for 100 rows",
+                column.data_type(),
+                owned.get_array_memory_size()
+            );
+        }
+        Ok(())
     }
 
     #[test]

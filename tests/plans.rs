@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::JoinType;
@@ -544,6 +544,52 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
     }
 }
 
+/// The sides of the probe placement tests: a key, each row's number within
+/// its batch, and a name, a column the device does not hold.
+fn numbered_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("p", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]))
+}
+
+/// A batch of [`numbered_schema`] with `keys`.
+fn numbered_batch(keys: Vec<Option<i64>>) -> RecordBatch {
+    let rows = keys.len() as i64;
+    let names: StringArray = (0..rows).map(|i| Some(format!("row {i}"))).collect();
+    RecordBatch::try_new(
+        numbered_schema(),
+        vec![Arc::new(Int64Array::from(keys)), Arc::new(Int64Array::from_iter_values(0..rows)), Arc::new(names)],
+    )
+    .unwrap()
+}
+
+/// Joins `build` with `probe` (one partition each, `CollectLeft`, inner)
+/// by the GPU join with `options` and by DataFusion's operator, at
+/// `batch_size`: the GPU join (for its metrics), its output and DataFusion's.
+async fn joined_both_ways(
+    build: &RecordBatch,
+    probe: &[RecordBatch],
+    options: GpuJoinConfig,
+    batch_size: usize,
+) -> (Arc<GpuJoinExec>, Vec<RecordBatch>, Vec<RecordBatch>) {
+    let schema = numbered_schema();
+    let build = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], Arc::clone(&schema), None).unwrap();
+    let probe = MemorySourceConfig::try_new_exec(&[probe.to_vec()], schema, None).unwrap();
+    let reference = collect_left_join_on_k(build, probe, JoinType::Inner);
+    let gpu = Arc::new(GpuJoinExec::try_new(&reference, test_backend(), &options, ReplacedOperator::HashJoin).unwrap());
+    let config = SessionConfig::new().with_batch_size(batch_size).with_option_extension(options);
+    let task = SessionContext::new_with_config(config).task_ctx();
+    let batches = collect(Arc::clone(&gpu) as Arc<dyn ExecutionPlan>, Arc::clone(&task)).await.unwrap();
+    let expected = collect(Arc::new(reference), task).await.unwrap();
+    (gpu, batches, expected)
+}
+
+fn metric(gpu: &GpuJoinExec, name: &str) -> usize {
+    gpu.metrics().unwrap().sum_by_name(name).map_or(0, |m| m.as_usize())
+}
+
 /// A probe chunk's output columns are uploaded when the chunk has enough
 /// output rows per probe row: decided after matching for the first chunks,
 /// and before loading once the join has measured enough. A join of which
@@ -552,29 +598,15 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
 /// infinite one never does. Every way gives DataFusion's rows.
 #[tokio::test]
 async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, true),
-        Field::new("p", DataType::Int64, false),
-        Field::new("s", DataType::Utf8, false),
-    ]));
-    let side = |keys: Vec<Option<i64>>| {
-        let rows = keys.len() as i64;
-        let names: StringArray = (0..rows).map(|i| Some(format!("row {i}"))).collect();
-        RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![Arc::new(Int64Array::from(keys)), Arc::new(Int64Array::from_iter_values(0..rows)), Arc::new(names)],
-        )
-        .unwrap()
-    };
     let (chunk_rows, chunks) = (50i64, 40usize);
     let probe_keys: Vec<Option<i64>> = (0..chunk_rows * chunks as i64).map(|i| (i % 13 != 0).then_some(i)).collect();
-    let probe: Vec<RecordBatch> = probe_keys.chunks(70).map(|keys| side(keys.to_vec())).collect();
+    let probe: Vec<RecordBatch> = probe_keys.chunks(70).map(|keys| numbered_batch(keys.to_vec())).collect();
     // Three build keys match one probe row each; keys % 20 match every
     // probe row whose key is not NULL.
-    let few = side(vec![Some(1), Some(500), Some(1999), Some(-4)]);
-    let all = side((0..20).map(Some).collect());
+    let few = numbered_batch(vec![Some(1), Some(500), Some(1999), Some(-4)]);
+    let all = numbered_batch((0..20).map(Some).collect());
     let all_probe: Vec<RecordBatch> =
-        probe_keys.chunks(70).map(|keys| side(keys.iter().map(|k| k.map(|k| k % 20)).collect())).collect();
+        probe_keys.chunks(70).map(|keys| numbered_batch(keys.iter().map(|k| k.map(|k| k % 20)).collect())).collect();
     for (name, build, probe, ratio, on_host) in [
         ("few match", &few, &probe, 0.25, chunks),
         ("few match, always uploaded", &few, &probe, 0.0, 0),
@@ -582,26 +614,56 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
         ("all match, always uploaded", &all, &all_probe, 0.0, 0),
         ("all match, never uploaded", &all, &all_probe, f64::INFINITY, chunks),
     ] {
-        let join = |options: &GpuJoinConfig| {
-            let build = MemorySourceConfig::try_new_exec(&[vec![build.clone()]], Arc::clone(&schema), None).unwrap();
-            let probe =
-                MemorySourceConfig::try_new_exec(std::slice::from_ref(probe), Arc::clone(&schema), None).unwrap();
-            let join = collect_left_join_on_k(build, probe, JoinType::Inner);
-            (GpuJoinExec::try_new(&join, test_backend(), options, ReplacedOperator::HashJoin).unwrap(), join)
-        };
         let mut options = test_options();
         (options.probe_chunk_rows, options.probe_device_gather_ratio) = (chunk_rows as usize, ratio);
-        let (gpu, reference) = join(&options);
-        let gpu = Arc::new(gpu);
-        let config = SessionConfig::new().with_batch_size(64).with_option_extension(options);
-        let task = SessionContext::new_with_config(config).task_ctx();
-        let batches = collect(Arc::clone(&gpu) as Arc<dyn ExecutionPlan>, Arc::clone(&task)).await.unwrap();
-        let expected = collect(Arc::new(reference), task).await.unwrap();
+        let (gpu, batches, expected) = joined_both_ways(build, probe, options, 64).await;
         assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "{name}");
         assert!(total_rows(&batches) > 0, "{name}");
-        let metrics = gpu.metrics().unwrap();
-        let taken = metrics.sum_by_name("probe_chunks_on_host").map_or(0, |m| m.as_usize());
+        let taken = metric(&gpu, "probe_chunks_on_host");
         assert_eq!(taken, on_host, "{name}: chunks whose columns were taken on the host, of {chunks}");
+    }
+}
+
+/// A probe chunk each of whose rows matches exactly one build row (a
+/// foreign-key join) hands its own probe columns on, in probe order, and
+/// moves none of them; a chunk in which a row matches twice is joined as
+/// before. Every way gives DataFusion's rows.
+#[tokio::test]
+async fn probe_rows_matched_once_pass_through_in_probe_order() {
+    let (chunk_rows, chunks, batch_size) = (50usize, 40usize, 64usize);
+    let rows = (chunk_rows * chunks) as i64;
+    // Shuffled build keys; the probe side's keys each match one of them.
+    let mut build_keys: Vec<Option<i64>> = (0..rows).map(|i| Some((i * 7919) % rows)).collect();
+    let probe_keys: Vec<Option<i64>> = (0..rows).map(|i| Some((i * 31) % rows)).collect();
+    let once = numbered_batch(build_keys.clone());
+    // The probe row of key 1999 * 31 % 2000 (the last chunk's) matches twice.
+    build_keys.push(Some((rows - 1) * 31 % rows));
+    let twice = numbered_batch(build_keys);
+    for (name, build, probe_batch_rows, ratio, passed) in [
+        ("every row once", &once, 70, 0.25, chunks),
+        ("every row once, small probe batches", &once, 10, 0.25, chunks),
+        ("every row once, always uploaded", &once, 70, 0.0, 0),
+        ("a row of the last chunk twice", &twice, 70, 0.25, chunks - 1),
+    ] {
+        let probe: Vec<RecordBatch> =
+            probe_keys.chunks(probe_batch_rows).map(|keys| numbered_batch(keys.to_vec())).collect();
+        let mut options = test_options();
+        (options.probe_chunk_rows, options.probe_device_gather_ratio) = (chunk_rows, ratio);
+        let (gpu, batches, expected) = joined_both_ways(build, &probe, options, batch_size).await;
+        assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "{name}");
+        let passed_through = metric(&gpu, "probe_chunks_passed_through");
+        assert_eq!(passed_through, passed, "{name}: chunks passed through, of {chunks}");
+        if passed == chunks {
+            // The probe side's row numbers (its `p`), in the probe side's order.
+            let probe_rows: Vec<i64> =
+                batches.iter().flat_map(|b| b.column(4).as_primitive::<Int64Type>().values().to_vec()).collect();
+            let in_order: Vec<i64> = (0..rows).map(|i| i % probe_batch_rows as i64).collect();
+            assert_eq!(probe_rows, in_order, "{name}: output in probe order");
+            // Small probe batches are joined up to half a batch or more,
+            // except for each chunk's last.
+            let small = batches.iter().filter(|b| b.num_rows() < batch_size / 2).count();
+            assert!(small <= chunks, "{name}: {small} output batches of fewer than {} rows", batch_size / 2);
+        }
     }
 }
 

@@ -14,10 +14,10 @@ use datafusion::physical_plan::metrics::Time;
 use super::JoinDefinition;
 use super::choice::{self, Choice};
 use super::host_rows::HostRows;
-use super::materialize::output_batch;
+use super::materialize::{output_batch, probe_rows_passed_through};
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
-use super::semantics::{ProbeSummary, build_side_rows, resolve_in_key_order, resolve_probe_chunk};
+use super::semantics::{ProbeSummary, build_side_rows, each_probe_row_once, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, columns_held, has_host_columns, place_columns};
 use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
@@ -280,9 +280,12 @@ pub enum ProbeColumns {
 
 /// A joined probe chunk's output.
 pub struct JoinedChunk {
-    pub batch: RecordBatch,
+    pub batches: Vec<RecordBatch>,
     /// Whether the chunk's output columns were taken on the host.
     pub probe_columns_on_host: bool,
+    /// Whether each of the chunk's rows matched exactly once, so that its
+    /// own probe columns were handed on as they came.
+    pub probe_rows_passed_through: bool,
 }
 
 /// A probe chunk moved to the backend: keys encoded as the build side's and
@@ -300,6 +303,8 @@ pub struct LoadedChunk<B: JoinBackend> {
     with_row_ids: bool,
     placements: Vec<Option<ColumnPlacement<B::Column>>>,
     to_transform: Vec<B::Column>,
+    /// Rows per output batch the session asks for.
+    batch_rows: usize,
 }
 
 impl<B: JoinBackend> LoadedChunk<B> {
@@ -321,6 +326,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     build: &BuildSide<B>,
     chunk: HostRows,
     columns: ProbeColumns,
+    batch_rows: usize,
     timers: &PhaseTimers,
 ) -> Result<LoadedChunk<B>> {
     let _timer = timers.transform.timer();
@@ -347,6 +353,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
         with_row_ids: false,
         placements: vec![],
         to_transform: vec![],
+        batch_rows,
     };
     if definition.null_aware {
         let state = &build.null_aware;
@@ -397,10 +404,9 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     settle: Settle,
 ) -> Result<JoinedChunk> {
     let output = match (&build.relation, &chunk.keys) {
-        (_, None) => Ok(JoinedChunk {
-            batch: RecordBatch::new_empty(definition.output_schema.clone()),
-            probe_columns_on_host: false,
-        }),
+        (_, None) => {
+            Ok(JoinedChunk { batches: vec![], probe_columns_on_host: false, probe_rows_passed_through: false })
+        }
         (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
             join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, settle)
         }
@@ -458,9 +464,22 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
             resolve_in_key_order(backend, definition, &build_view, matches, build.visited.as_ref(), build.rows())?
         }
     };
+    // Probe columns not placed yet need no placing if each probe row is
+    // once in the output: the chunk's own columns are then the output's.
+    let (rows, passed_through) = match (settle, chunk.columns) {
+        (Settle::ProbeChunk, ProbeColumns::AfterMatching) if !definition.probe_output_columns().is_empty() => {
+            each_probe_row_once(backend, rows, chunk.rows(), chunk.keep_probe_order)?
+        }
+        _ => (rows, false),
+    };
     timer.done();
 
     let _timer = timers.materialize.timer();
+    if passed_through {
+        let batches =
+            probe_rows_passed_through(backend, definition, &rows, &build_view, &chunk.chunk, chunk.batch_rows)?;
+        return Ok(JoinedChunk { batches, probe_columns_on_host: false, probe_rows_passed_through: true });
+    }
     let placed = match chunk.columns {
         ProbeColumns::Upload => None,
         ProbeColumns::AfterMatching => Some(place_after_matching(backend, definition, &chunk.chunk, rows.len)?),
@@ -471,7 +490,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     };
     let batch = output_batch(backend, definition, &rows, &build_view, Some(&probe_view))?;
     let probe_columns_on_host = placed.is_some_and(|placed| placed.on_host);
-    Ok(JoinedChunk { batch, probe_columns_on_host })
+    Ok(JoinedChunk { batches: vec![batch], probe_columns_on_host, probe_rows_passed_through: false })
 }
 
 /// The placements of a probe chunk's output columns once the chunk's

@@ -23,6 +23,10 @@ pub(crate) struct GpuJoinMetrics {
     /// Probe chunks whose output columns stayed on the host, taken there
     /// for the output rows only (see `gpu_join.probe_device_gather_ratio`).
     pub probe_chunks_on_host: Count,
+    /// Probe chunks each of whose rows matched exactly once, whose own
+    /// columns were handed on as they came: nothing of them was moved to
+    /// the device or gathered.
+    pub probe_chunks_passed_through: Count,
     /// Waiting for the device's admission.
     pub admission_wait_time: Time,
     /// Passes the build side was split into (0 when it fit at once).
@@ -51,6 +55,7 @@ impl GpuJoinMetrics {
             build_prepare_time: time("build_prepare_time"),
             probe_staging_time: time("probe_staging_time"),
             probe_chunks_on_host: count("probe_chunks_on_host"),
+            probe_chunks_passed_through: count("probe_chunks_passed_through"),
             admission_wait_time: time("admission_wait_time"),
             build_passes: count("build_passes"),
             build_pass_loads: count("build_pass_loads"),

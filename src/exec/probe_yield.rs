@@ -32,6 +32,8 @@ pub(crate) struct ProbeYield {
     known: f64,
     probe_rows: AtomicU64,
     output_rows: AtomicU64,
+    /// Probe rows of chunks each of whose rows matched exactly once.
+    passed_through_rows: AtomicU64,
 }
 
 impl ProbeYield {
@@ -40,7 +42,12 @@ impl ProbeYield {
         Self { known, ..Self::default() }
     }
 
-    pub fn record(&self, probe_rows: usize, output_rows: usize) {
+    /// Adds a joined chunk, and whether its probe rows passed through
+    /// (each matched exactly once).
+    pub fn record(&self, probe_rows: usize, output_rows: usize, passed_through: bool) {
+        if passed_through {
+            self.passed_through_rows.fetch_add(probe_rows as u64, Ordering::Relaxed);
+        }
         self.probe_rows.fetch_add(probe_rows as u64, Ordering::Relaxed);
         self.output_rows.fetch_add(output_rows as u64, Ordering::Relaxed);
     }
@@ -49,11 +56,17 @@ impl ProbeYield {
     /// loaded, given the least output rows per probe row (`ratio`) that
     /// pays for it; the first chunks, loaded before any is measured, are
     /// placed after matching unless the join is known to give that many.
+    /// A join whose every measured chunk passed its probe rows through
+    /// keeps placing them after matching, where the next chunk will likely
+    /// pass them through as well, moving none of their columns.
     pub fn columns_to_device(&self, ratio: f64) -> bool {
         if ratio <= self.known {
             return true;
         }
         let probe_rows = self.probe_rows.load(Ordering::Relaxed);
+        if probe_rows > 0 && self.passed_through_rows.load(Ordering::Relaxed) == probe_rows {
+            return false;
+        }
         probe_rows > 0 && self.output_rows.load(Ordering::Relaxed) as f64 >= ratio * probe_rows as f64
     }
 }
@@ -67,9 +80,9 @@ mod tests {
         let seen = ProbeYield::default();
         assert!(!seen.columns_to_device(0.25), "nothing measured yet");
         assert!(seen.columns_to_device(0.0), "0 uploads always");
-        seen.record(1000, 100);
+        seen.record(1000, 100, false);
         assert!(!seen.columns_to_device(0.25));
-        seen.record(1000, 500);
+        seen.record(1000, 500, false);
         assert!(seen.columns_to_device(0.25));
         assert!(!seen.columns_to_device(f64::INFINITY));
     }
@@ -79,5 +92,16 @@ mod tests {
         let every = ProbeYield { known: 1.0, ..ProbeYield::default() };
         assert!(every.columns_to_device(0.25) && every.columns_to_device(1.0));
         assert!(!every.columns_to_device(1.5), "nothing measured yet");
+    }
+
+    #[test]
+    fn columns_stay_on_the_host_while_every_chunk_passes_its_probe_rows_through() {
+        let seen = ProbeYield::default();
+        seen.record(1000, 1000, true);
+        seen.record(24, 24, true);
+        assert!(!seen.columns_to_device(0.25), "every row passed through");
+        assert!(seen.columns_to_device(0.0), "0 uploads always");
+        seen.record(1000, 2000, false);
+        assert!(seen.columns_to_device(0.25), "a chunk with duplicate matches");
     }
 }

@@ -41,8 +41,8 @@ use super::read_ahead::read_ahead_while;
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
-    BuildSide, HostRows, LoadedChunk, ProbeColumns, Settle, columns_held, finish_build_side, join_loaded_chunk,
-    load_probe_chunk,
+    BuildSide, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, Settle, columns_held, finish_build_side,
+    join_loaded_chunk, load_probe_chunk,
 };
 use crate::arrays::{compacted, owned_slice};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
@@ -598,8 +598,9 @@ async fn load_chunk<B: JoinBackend>(
     let (backend, definition, timers) =
         (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
     let build = Arc::clone(build);
+    let batch_rows = inputs.context.session_config().batch_size().max(1);
     run_blocking("loading a probe chunk", move || {
-        match load_probe_chunk(&backend, &definition, &build, chunk.clone(), columns, &timers) {
+        match load_probe_chunk(&backend, &definition, &build, chunk.clone(), columns, batch_rows, &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(chunk, e)),
             Err(e) => Err(e),
@@ -653,9 +654,10 @@ async fn join_chunk<B: JoinBackend>(
             let chunk = loaded.chunk().clone();
             let permit = partition.admitted().await?;
             match join_loaded(partition, backend, build, loaded, Settle::ProbeChunk).await {
-                Ok(output) => {
-                    join.probe_yield.record(chunk.rows(), output.num_rows());
-                    return Ok(vec![output]);
+                Ok(joined) => {
+                    let output_rows = joined.batches.iter().map(RecordBatch::num_rows).sum();
+                    join.probe_yield.record(chunk.rows(), output_rows, joined.probe_rows_passed_through);
+                    return Ok(joined.batches);
                 }
                 Err(e) if is_out_of_memory(&e) => {
                     drop(permit);
@@ -677,8 +679,8 @@ async fn join_chunk<B: JoinBackend>(
         let rows = HostRows::whole(piece.clone());
         let error = match load_and_join(partition, backend, build, rows, ProbeColumns::Upload, Settle::ProbeChunk).await
         {
-            Ok(batch) => {
-                output.push(batch);
+            Ok(batches) => {
+                output.extend(batches);
                 continue;
             }
             Err(e) if is_out_of_memory(&e) => e,
@@ -712,9 +714,9 @@ async fn load_and_join<B: JoinBackend>(
     rows: HostRows,
     columns: ProbeColumns,
     settle: Settle,
-) -> Result<RecordBatch> {
+) -> Result<Vec<RecordBatch>> {
     match load_chunk(partition, backend, build, rows, columns).await? {
-        Chunk::Loaded(loaded) => join_loaded(partition, backend, build, loaded, settle).await,
+        Chunk::Loaded(loaded) => Ok(join_loaded(partition, backend, build, loaded, settle).await?.batches),
         Chunk::NotLoaded(_, error) => Err(error),
     }
 }
@@ -725,7 +727,7 @@ async fn join_loaded<B: JoinBackend>(
     build: &Arc<BuildSide<B>>,
     loaded: LoadedChunk<B>,
     settle: Settle,
-) -> Result<RecordBatch> {
+) -> Result<JoinedChunk> {
     let inputs = partition.inputs;
     let (backend, definition, timers) =
         (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
@@ -738,7 +740,10 @@ async fn join_loaded<B: JoinBackend>(
     if joined.probe_columns_on_host {
         inputs.metrics.probe_chunks_on_host.add(1);
     }
-    Ok(joined.batch)
+    if joined.probe_rows_passed_through {
+        inputs.metrics.probe_chunks_passed_through.add(1);
+    }
+    Ok(joined)
 }
 
 /// Joins the whole probe side of a partition as one chunk and sends every
@@ -776,8 +781,8 @@ async fn join_partition_in_key_order<B: JoinBackend>(
             true => admitted(&inputs.metrics, partition.join.admission().exclusive()).await?,
         };
         match load_and_join(partition, &backend, build, chunk.clone(), columns, Settle::KeyOrder).await {
-            Ok(batch) => {
-                output.send(batch).await?;
+            Ok(batches) => {
+                output.send_all(batches).await?;
                 return Ok(());
             }
             Err(e) if is_out_of_memory(&e) => {
