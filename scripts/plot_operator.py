@@ -19,7 +19,7 @@ SERIES = [
     ("datafusion_ms", "DataFusion (same run)"),
     ("gpu_session_ms", "GPU session"),
     ("join_ms", "GPU join operator alone"),
-    ("floor_ms", "PCIe floor (bytes each way / 55 GB/s)"),
+    ("floor_ms", "PCIe floor (the workload's bytes each way / 55 GB/s)"),
 ]
 
 
