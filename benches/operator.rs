@@ -103,29 +103,39 @@ fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> (MemTable, Partitions
     (MemTable::try_new(schema, partitions.clone()).expect("a table"), partitions)
 }
 
+/// The values of every column of the tables' batches, batch by batch.
+fn input_buffers<'a>(tables: &[&'a Partitions]) -> Vec<&'a [u8]> {
+    tables
+        .iter()
+        .flat_map(|partitions| partitions.iter().flatten())
+        .flat_map(|batch| batch.columns().iter().map(|c| c.as_primitive::<Int32Type>().values().inner().as_slice()))
+        .collect()
+}
+
+/// Copies `buffers` one after another to the start of `target`, on every
+/// core.
+fn copy_in_parallel(target: &mut [u8], buffers: &[&[u8]]) {
+    let mut pieces = Vec::with_capacity(buffers.len());
+    let mut rest = target;
+    for buffer in buffers {
+        let (piece, tail) = rest.split_at_mut(buffer.len());
+        pieces.push((piece, *buffer));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(to, from)| to.copy_from_slice(from));
+}
+
 /// The host's own floor for the join: the time to copy every input byte
 /// once, from the tables' batches into memory already touched, on every
 /// core (median of 5 after one). The operator cannot move DataFusion's
 /// pageable batches to the device without such a copy.
 fn host_copy_floor(tables: &[&Partitions]) -> Duration {
-    let buffers: Vec<&[u8]> = tables
-        .iter()
-        .flat_map(|partitions| partitions.iter().flatten())
-        .flat_map(|batch| batch.columns().iter().map(|c| c.as_primitive::<Int32Type>().values().inner().as_slice()))
-        .collect();
-    let total = buffers.iter().map(|b| b.len()).sum();
-    let mut target = vec![1u8; total];
+    let buffers = input_buffers(tables);
+    let mut target = vec![1u8; buffers.iter().map(|b| b.len()).sum()];
     let mut runs = vec![];
     for _ in 0..6 {
-        let mut pieces = Vec::with_capacity(buffers.len());
-        let mut rest = target.as_mut_slice();
-        for buffer in &buffers {
-            let (piece, tail) = rest.split_at_mut(buffer.len());
-            pieces.push((piece, *buffer));
-            rest = tail;
-        }
         let start = Instant::now();
-        pieces.into_par_iter().for_each(|(to, from)| to.copy_from_slice(from));
+        copy_in_parallel(&mut target, &buffers);
         runs.push(start.elapsed());
     }
     median(runs.split_off(1))
@@ -143,15 +153,10 @@ const FLOOR_SLOT_BYTES: usize = 64 << 20;
 /// PCIe floor leaves the host out; this is what the host and the bus give
 /// together.
 fn transfer_floor(tables: &[&Partitions], down: usize) -> Result<Duration, DriverError> {
-    let buffers: Vec<&[u8]> = tables
-        .iter()
-        .flat_map(|partitions| partitions.iter().flatten())
-        .flat_map(|batch| batch.columns().iter().map(|c| c.as_primitive::<Int32Type>().values().inner().as_slice()))
-        .collect();
     // Slots of whole buffers, each under FLOOR_SLOT_BYTES.
     let mut slots: Vec<Vec<&[u8]>> = vec![vec![]];
     let mut filled = 0;
-    for buffer in buffers {
+    for buffer in input_buffers(tables) {
         if filled + buffer.len() > FLOOR_SLOT_BYTES {
             slots.push(vec![]);
             filled = 0;
@@ -183,14 +188,7 @@ fn transfer_floor(tables: &[&Partitions], down: usize) -> Result<Duration, Drive
                     events[at].synchronize()?;
                 }
                 let target = &mut ring[at * FLOOR_SLOT_BYTES..(at + 1) * FLOOR_SLOT_BYTES];
-                let mut pieces = Vec::with_capacity(slot.len());
-                let mut rest = &mut *target;
-                for buffer in slot {
-                    let (piece, tail) = rest.split_at_mut(buffer.len());
-                    pieces.push((piece, *buffer));
-                    rest = tail;
-                }
-                pieces.into_par_iter().for_each(|(to, from)| to.copy_from_slice(from));
+                copy_in_parallel(target, slot);
                 let len: usize = slot.iter().map(|b| b.len()).sum();
                 result::memcpy_htod_async(device_in + offset, &target[..len], up_stream.cu_stream())?;
                 events[at].record(&up_stream)?;
