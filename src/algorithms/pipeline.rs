@@ -281,11 +281,19 @@ pub enum ProbeColumns {
 /// A joined probe chunk's output.
 pub struct JoinedChunk {
     pub batches: Vec<RecordBatch>,
-    /// Whether the chunk's output columns were taken on the host.
-    pub probe_columns_on_host: bool,
-    /// Whether each of the chunk's rows matched exactly once, so that its
-    /// own probe columns were handed on as they came.
-    pub probe_rows_passed_through: bool,
+    pub probe_columns: ProbeOutput,
+}
+
+/// Where a joined chunk's probe output columns came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeOutput {
+    /// Gathered on the device (or there were none to place).
+    Gathered,
+    /// Taken on the host for the output rows only.
+    TakenOnHost,
+    /// The chunk's own columns, handed on as they came: each of its rows
+    /// matched exactly once.
+    PassedThrough,
 }
 
 /// A probe chunk moved to the backend: keys encoded as the build side's and
@@ -404,9 +412,7 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     settle: Settle,
 ) -> Result<JoinedChunk> {
     let output = match (&build.relation, &chunk.keys) {
-        (_, None) => {
-            Ok(JoinedChunk { batches: vec![], probe_columns_on_host: false, probe_rows_passed_through: false })
-        }
+        (_, None) => Ok(JoinedChunk { batches: vec![], probe_columns: ProbeOutput::Gathered }),
         (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
             join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, settle)
         }
@@ -478,7 +484,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     if passed_through {
         let batches =
             probe_rows_passed_through(backend, definition, &rows, &build_view, &chunk.chunk, chunk.batch_rows)?;
-        return Ok(JoinedChunk { batches, probe_columns_on_host: false, probe_rows_passed_through: true });
+        return Ok(JoinedChunk { batches, probe_columns: ProbeOutput::PassedThrough });
     }
     let placed = match chunk.columns {
         ProbeColumns::Upload => None,
@@ -489,8 +495,11 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         None => probe_view,
     };
     let batch = output_batch(backend, definition, &rows, &build_view, Some(&probe_view))?;
-    let probe_columns_on_host = placed.is_some_and(|placed| placed.on_host);
-    Ok(JoinedChunk { batches: vec![batch], probe_columns_on_host, probe_rows_passed_through: false })
+    let probe_columns = match placed.is_some_and(|placed| placed.on_host) {
+        true => ProbeOutput::TakenOnHost,
+        false => ProbeOutput::Gathered,
+    };
+    Ok(JoinedChunk { batches: vec![batch], probe_columns })
 }
 
 /// The placements of a probe chunk's output columns once the chunk's

@@ -41,7 +41,7 @@ use super::read_ahead::read_ahead_while;
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
-    BuildSide, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, Settle, columns_held, finish_build_side,
+    BuildSide, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, ProbeOutput, Settle, columns_held, finish_build_side,
     join_loaded_chunk, load_probe_chunk,
 };
 use crate::arrays::{compacted, owned_slice};
@@ -656,7 +656,8 @@ async fn join_chunk<B: JoinBackend>(
             match join_loaded(partition, backend, build, loaded, Settle::ProbeChunk).await {
                 Ok(joined) => {
                     let output_rows = joined.batches.iter().map(RecordBatch::num_rows).sum();
-                    join.probe_yield.record(chunk.rows(), output_rows, joined.probe_rows_passed_through);
+                    let passed_through = joined.probe_columns == ProbeOutput::PassedThrough;
+                    join.probe_yield.record(chunk.rows(), output_rows, passed_through);
                     return Ok(joined.batches);
                 }
                 Err(e) if is_out_of_memory(&e) => {
@@ -737,11 +738,10 @@ async fn join_loaded<B: JoinBackend>(
         join_loaded_chunk(&backend, &definition, &build, loaded, &timers, settle)
     })
     .await?;
-    if joined.probe_columns_on_host {
-        inputs.metrics.probe_chunks_on_host.add(1);
-    }
-    if joined.probe_rows_passed_through {
-        inputs.metrics.probe_chunks_passed_through.add(1);
+    match joined.probe_columns {
+        ProbeOutput::TakenOnHost => inputs.metrics.probe_chunks_on_host.add(1),
+        ProbeOutput::PassedThrough => inputs.metrics.probe_chunks_passed_through.add(1),
+        ProbeOutput::Gathered => {}
     }
     Ok(joined)
 }
