@@ -141,25 +141,36 @@ fn payload_widths<B: JoinBackend>(backend: &B, definition: &JoinDefinition, side
 fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -> Result<KeySample> {
     let sampled_rows = sample_rows(rows);
     let positions = &sampled_rows.positions;
-    let columns = key_pieces.first().map_or(0, Vec::len);
-    let mut taken: Vec<Vec<ArrayRef>> = vec![vec![]; columns];
+    let Some(first_piece) = key_pieces.first().filter(|piece| !piece.is_empty()) else {
+        return Ok(KeySample { population: rows, ..KeySample::default() });
+    };
+    // Only the pieces a sampled row lies in are read: a build side of
+    // DataFusion's small batches has thousands of pieces, and the sample
+    // a few hundred blocks.
+    let mut taken: Vec<Vec<ArrayRef>> = vec![vec![]; first_piece.len()];
     let (mut first_row, mut next) = (0usize, 0usize);
     for piece in key_pieces {
+        if next == positions.len() {
+            break;
+        }
         let piece_rows = piece.first().map_or(0, |k| k.len());
         let end = positions[next..].partition_point(|&p| p < first_row + piece_rows) + next;
-        let indices = UInt32Array::from_iter_values(positions[next..end].iter().map(|&p| (p - first_row) as u32));
-        for (column, key) in taken.iter_mut().zip(piece) {
-            column.push(take(key.as_ref(), &indices, None)?);
+        if end > next {
+            let indices = UInt32Array::from_iter_values(positions[next..end].iter().map(|&p| (p - first_row) as u32));
+            for (column, key) in taken.iter_mut().zip(piece) {
+                column.push(take(key.as_ref(), &indices, None)?);
+            }
         }
         (first_row, next) = (first_row + piece_rows, end);
     }
     let sampled: Vec<ArrayRef> = taken
         .iter()
-        .map(|parts| concat(&parts.iter().map(|a| a.as_ref()).collect::<Vec<_>>()))
+        .zip(first_piece)
+        .map(|(parts, key)| match parts.is_empty() {
+            true => Ok(key.slice(0, 0)),
+            false => concat(&parts.iter().map(|a| a.as_ref()).collect::<Vec<_>>()),
+        })
         .collect::<std::result::Result<_, _>>()?;
-    if sampled.is_empty() {
-        return Ok(KeySample { population: rows, ..KeySample::default() });
-    }
     // Null keys match nothing: they are neither duplicates nor matches.
     let keys: Vec<Option<u64>> = match encoder.encode(&sampled)? {
         NormalizedKeys::U32(keys) => {
@@ -175,4 +186,40 @@ fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -
         _ => None,
     };
     Ok(KeySample::new(rows, &sampled_rows, keys, values))
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int32Array;
+    use datafusion::common::NullEquality;
+
+    use super::*;
+    use crate::algorithms::choice::shape::SAMPLE_ROWS;
+    use crate::keys::KeyRanges;
+
+    /// The sample of a build side in many pieces, some empty, is the sample
+    /// of the same rows in one piece.
+    #[test]
+    fn a_sample_reads_the_same_rows_whatever_the_pieces() -> Result<()> {
+        let sizes = [0, 1, 7, 8192, 3, 0, 500, 8191, 2, 8193];
+        for rows in [0, 5, SAMPLE_ROWS + 1, 100_003] {
+            let keys: Vec<i32> = (0..rows as i32).map(|i| i.wrapping_mul(7919) % 1009).collect();
+            let mut pieces: Vec<Vec<ArrayRef>> = vec![];
+            let mut first = 0;
+            for size in sizes.iter().cycle() {
+                let end = (first + size).min(rows);
+                pieces.push(vec![Arc::new(Int32Array::from(keys[first..end].to_vec())) as ArrayRef]);
+                first = end;
+                if first == rows && pieces.len() >= sizes.len() {
+                    break;
+                }
+            }
+            let whole = vec![vec![Arc::new(Int32Array::from(keys)) as ArrayRef]];
+            let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&whole), NullEquality::NullEqualsNothing)?;
+            let sample = key_sample(&encoder, &pieces, rows)?;
+            assert_eq!(sample, key_sample(&encoder, &whole, rows)?, "{rows} rows in {} pieces", pieces.len());
+            assert_eq!(sample.keys.len(), rows.min(SAMPLE_ROWS));
+        }
+        Ok(())
+    }
 }

@@ -93,7 +93,7 @@ pub fn sample_rows(rows: usize) -> SampleRows {
 }
 
 /// Keys of sampled build rows.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeySample {
     /// Rows of the build side with a key that can match, estimated from the
     /// sample's share of them.
