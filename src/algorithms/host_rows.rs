@@ -233,10 +233,13 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
     let mut rest = target;
     for array in arrays {
         let (piece, tail) = rest.split_at_mut(array.len() * width);
-        pieces.push((piece, array.to_data()));
+        pieces.push((piece, *array));
         rest = tail;
     }
-    pieces.into_par_iter().for_each(|(piece, data)| {
+    // Each array's data is looked at on the thread that copies it: for
+    // thousands of small batches that is a large part of the work.
+    pieces.into_par_iter().for_each(|(piece, array)| {
+        let data = array.to_data();
         let start = data.offset() * width;
         piece.copy_from_slice(&data.buffers()[0].as_slice()[start..start + piece.len()]);
     });
