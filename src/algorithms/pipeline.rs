@@ -10,6 +10,7 @@ use datafusion::common::{JoinSide, exec_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::Time;
+use rayon::prelude::*;
 
 use super::JoinDefinition;
 use super::choice::{self, Choice};
@@ -113,6 +114,10 @@ pub fn evaluate_keys(expressions: &[PhysicalExprRef], batch: &RecordBatch) -> Re
     expressions.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect()
 }
 
+/// Batches of a side from which on its keys are evaluated on every core;
+/// fewer are evaluated on the calling thread.
+const PARALLEL_PIECES: usize = 1024;
+
 /// The key columns of one side, evaluated on each batch the side was staged
 /// in. A key column that the join reads nowhere else is never concatenated:
 /// its values go from DataFusion's batches straight into the memory their
@@ -127,10 +132,17 @@ struct StagedKeys {
 
 impl StagedKeys {
     fn evaluate(expressions: &[PhysicalExprRef], batches: &[RecordBatch]) -> Result<Self> {
-        let (mut starts, mut pieces, mut rows) = (vec![], vec![], 0);
+        // A build side of DataFusion's small batches is thousands of them,
+        // each a few allocations; a probe chunk's few hundred are not worth
+        // handing to other threads.
+        let evaluate = |batch: &RecordBatch| evaluate_keys(expressions, batch);
+        let pieces = match batches.len() >= PARALLEL_PIECES {
+            true => batches.par_iter().with_min_len(PARALLEL_PIECES).map(evaluate).collect::<Result<Vec<_>>>()?,
+            false => batches.iter().map(evaluate).collect::<Result<Vec<_>>>()?,
+        };
+        let (mut starts, mut rows) = (Vec::with_capacity(batches.len()), 0);
         for batch in batches {
             starts.push(rows);
-            pieces.push(evaluate_keys(expressions, batch)?);
             rows += batch.num_rows();
         }
         Ok(Self { starts, pieces, rows })
@@ -542,4 +554,39 @@ pub fn finish_build_side<B: JoinBackend>(
     let view = build.view();
     let rows = build_side_rows(backend, definition, &view, visited, build.rows(), build.null_aware.summary())?;
     rows.map(|rows| output_batch(backend, definition, &rows, &view, None)).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int32Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+
+    use super::*;
+
+    /// Keys evaluated on every core come in their batches' order, with the
+    /// row each batch starts at, as those evaluated on one thread.
+    #[test]
+    fn keys_of_many_batches_keep_their_order() -> Result<()> {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]));
+        let keys: Vec<PhysicalExprRef> = vec![Arc::new(Column::new("k", 0))];
+        for count in [PARALLEL_PIECES - 1, 3 * PARALLEL_PIECES + 5] {
+            let batches = (0..count as i32)
+                .map(|b| {
+                    let values = Int32Array::from_iter_values((0..b % 3).map(|i| b * 10 + i));
+                    RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(values)])
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let staged = StagedKeys::evaluate(&keys, &batches)?;
+            let mut row = 0;
+            for ((batch, start), piece) in batches.iter().zip(&staged.starts).zip(&staged.pieces) {
+                assert_eq!((*start, piece[0].as_ref()), (row, batch.column(0).as_ref()));
+                row += batch.num_rows();
+            }
+            assert_eq!((staged.pieces.len(), staged.rows), (count, row));
+        }
+        Ok(())
+    }
 }
