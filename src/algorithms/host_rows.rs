@@ -236,8 +236,9 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
         pieces.push((piece, *array));
         rest = tail;
     }
-    // Each array's data is looked at on the thread that copies it: for
-    // thousands of small batches that is a large part of the work.
+    // Each array's data is looked at by the thread that copies it, not all
+    // of them first by this one: a build side comes in thousands of small
+    // batches.
     pieces.into_par_iter().for_each(|(piece, array)| {
         let data = array.to_data();
         let start = data.offset() * width;
