@@ -141,13 +141,14 @@ fn payload_widths<B: JoinBackend>(backend: &B, definition: &JoinDefinition, side
 fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -> Result<KeySample> {
     let sampled_rows = sample_rows(rows);
     let positions = &sampled_rows.positions;
-    let Some(first_piece) = key_pieces.first().filter(|piece| !piece.is_empty()) else {
+    let columns = key_pieces.first().map_or(0, Vec::len);
+    if positions.is_empty() || columns == 0 {
         return Ok(KeySample { population: rows, ..KeySample::default() });
-    };
+    }
     // Only the pieces a sampled row lies in are read: a build side of
     // DataFusion's small batches has thousands of pieces, and the sample
     // a few hundred blocks.
-    let mut taken: Vec<Vec<ArrayRef>> = vec![vec![]; first_piece.len()];
+    let mut taken: Vec<Vec<ArrayRef>> = vec![vec![]; columns];
     let (mut first_row, mut next) = (0usize, 0usize);
     for piece in key_pieces {
         if next == positions.len() {
@@ -165,11 +166,7 @@ fn key_sample(encoder: &KeyEncoder, key_pieces: &[Vec<ArrayRef>], rows: usize) -
     }
     let sampled: Vec<ArrayRef> = taken
         .iter()
-        .zip(first_piece)
-        .map(|(parts, key)| match parts.is_empty() {
-            true => Ok(key.slice(0, 0)),
-            false => concat(&parts.iter().map(|a| a.as_ref()).collect::<Vec<_>>()),
-        })
+        .map(|parts| concat(&parts.iter().map(|a| a.as_ref()).collect::<Vec<_>>()))
         .collect::<std::result::Result<_, _>>()?;
     // Null keys match nothing: they are neither duplicates nor matches.
     let keys: Vec<Option<u64>> = match encoder.encode(&sampled)? {
