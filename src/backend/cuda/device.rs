@@ -96,9 +96,12 @@ pub(crate) fn cuda_error(what: &str, error: impl std::fmt::Display) -> DataFusio
 fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
     super::probe_libraries()?;
     // cudarc panics when a driver symbol is missing; treat that as "no device".
-    let context = catch_unwind(|| CudaContext::new(ordinal))
-        .map_err(|_| format!("the CUDA driver could not be initialised for device {ordinal}"))?
-        .map_err(|e| format!("CUDA device {ordinal} is not usable: {e}"))?;
+    let context = catch_unwind(|| {
+        wait_without_spinning(ordinal);
+        CudaContext::new(ordinal)
+    })
+    .map_err(|_| format!("the CUDA driver could not be initialised for device {ordinal}"))?
+    .map_err(|e| format!("CUDA device {ordinal} is not usable: {e}"))?;
     let opened = catch_unwind(AssertUnwindSafe(|| -> std::result::Result<CudaDevice, String> {
         // Streams are synchronised explicitly (build sides before sharing,
         // probe chunks by their downloads), so cudarc need not record events.
@@ -155,6 +158,30 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
     }));
     opened.map_err(|_| format!("CUDA device {ordinal} failed while loading the join kernels"))?
 }
+
+/// Threads that wait for the device sleep instead of spinning. With fewer
+/// contexts than cores the driver otherwise spins one core per waiting
+/// thread, and a query's partitions wait at once, taking the cores that
+/// DataFusion's scans and aggregations, and other queries, would use. Set
+/// before the primary context is created; a driver that refuses leaves its
+/// default, which changes speed only, not results.
+fn wait_without_spinning(ordinal: usize) {
+    let set = || -> std::result::Result<(), cudarc::driver::DriverError> {
+        cudarc::driver::result::init()?;
+        let device = cudarc::driver::result::device::get(ordinal as i32)?;
+        let flags = sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32;
+        // SAFETY: the device handle comes from cuDeviceGet above.
+        unsafe { sys::cuDevicePrimaryCtxSetFlags_v2(device, flags).result() }
+    };
+    if let Err(e) = set() {
+        log::info!("gpu_join: CUDA device {ordinal} keeps the driver's default wait: {e}");
+    }
+}
+
+/// Flags of events that threads wait on: they sleep, as in
+/// `wait_without_spinning`. (cudarc takes one flag, so these events keep
+/// timing, which the device records at no cost worth counting.)
+pub(crate) const SLEEPING_EVENT: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC;
 
 fn memory_pool(context: &Arc<CudaContext>) -> std::result::Result<sys::CUmemoryPool, String> {
     // SAFETY: the device handle comes from a live context.

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use arrow::buffer::Buffer;
-use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaEvent, CudaStream, result};
 use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
@@ -360,7 +360,7 @@ fn parallel_fill(first: usize, bytes: &mut [u8], fill: &(dyn Fn(usize, &mut [u8]
 }
 
 fn staging_events(instance: &Instance) -> Result<[CudaEvent; 2]> {
-    let flags = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+    let flags = Some(super::device::SLEEPING_EVENT);
     let context = &instance.device.context;
     Ok([
         context.new_event(flags).map_err(|e| cuda_error("creating an event", e))?,
