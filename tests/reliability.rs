@@ -9,7 +9,9 @@ use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
-use crate::common::{datafusion_context, gpu_context, run, sorted_rows, test_backend, test_backend_choice};
+use crate::common::{
+    datafusion_context, gpu_context, run, sorted_rows, test_backend, test_backend_choice, test_options,
+};
 use datafusion_gpu_join::GpuJoinExec;
 use datafusion_gpu_join::config::BackendChoice;
 
@@ -254,6 +256,30 @@ async fn outputs_beyond_two_to_the_31_rows() {
     let count = batches[0].column(0).as_any().downcast_ref::<arrow::array::Int64Array>().expect("a count").value(0);
     assert_eq!(count, 65536 * 32769);
     assert!(count > 1 << 31);
+}
+
+#[test]
+fn threads_waiting_for_the_device_sleep() {
+    use cudarc::driver::sys::{CUctx_flags, cuDevicePrimaryCtxGetState};
+    if test_backend_choice() != BackendChoice::Cuda {
+        println!("skipped: the wait policy is the CUDA backend's (GPU_JOIN_TEST_BACKEND=cuda)");
+        return;
+    }
+    // Opens the device, as the first join of a process does.
+    test_backend();
+    let ordinal = test_options().device as i32;
+    let device = cudarc::driver::result::device::get(ordinal).expect("the test device");
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: the device comes from cuDeviceGet; both outputs are live locals.
+    unsafe { cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }
+        .result()
+        .expect("the primary context's state");
+    assert_eq!(active, 1, "the device's primary context is not active");
+    assert_eq!(
+        flags & CUctx_flags::CU_CTX_SCHED_MASK as u32,
+        CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32,
+        "threads waiting for the device would spin (context flags {flags:#x})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
