@@ -179,8 +179,9 @@ fn wait_without_spinning(ordinal: usize) {
 }
 
 /// Flags of events that threads wait on: they sleep, as in
-/// `wait_without_spinning`. (cudarc takes one flag, so these events keep
-/// timing, which the device records at no cost worth counting.)
+/// `wait_without_spinning`. cudarc takes one flag, so these events record
+/// timing too; the runs that measured sleeping against spinning saw no
+/// cost beyond their spread (docs/benchmarks.md).
 pub(crate) const SLEEPING_EVENT: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC;
 
 fn memory_pool(context: &Arc<CudaContext>) -> std::result::Result<sys::CUmemoryPool, String> {
