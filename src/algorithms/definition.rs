@@ -119,12 +119,16 @@ impl JoinDefinition {
             JoinSide::Left => self.build_output_columns(),
             _ => self.probe_output_columns(),
         };
-        if let Some(filter) = &self.filter {
-            columns.extend(filter.column_indices().iter().filter(|c| c.side == side).map(|c| c.index));
-        }
+        columns.extend(self.filter_columns(side));
         columns.sort_unstable();
         columns.dedup();
         columns
+    }
+
+    /// Columns of a side the filter reads, on the host.
+    pub(crate) fn filter_columns(&self, side: JoinSide) -> Vec<usize> {
+        let indices = self.filter.as_ref().map_or(&[][..], |f| f.column_indices());
+        indices.iter().filter(|c| c.side == side).map(|c| c.index).collect()
     }
 
     fn side_columns(&self, pick: impl Fn(OutputColumn) -> Option<usize>) -> Vec<usize> {

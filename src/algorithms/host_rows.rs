@@ -18,7 +18,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use crate::arrays::{concat_arrays, concat_record_batches, interleave_arrays};
-use crate::backend::JoinBackend;
+use crate::backend::{JoinBackend, value_width};
 
 /// A side's rows on the host (the build side, or a probe chunk).
 #[derive(Clone)]
@@ -72,6 +72,26 @@ impl HostRows {
             }
         }
         Ok(Self { whole, ..self.clone() })
+    }
+
+    /// Column `index`, of a type `backend` holds, in backend memory: the
+    /// column whole where it was assembled; else copied from the parts
+    /// straight into the memory its transfer reads, where its values lie
+    /// end to end and none is null, or concatenated first.
+    pub(crate) fn upload_column<B: JoinBackend>(&self, backend: &B, index: usize) -> Result<B::Column> {
+        if let Some(column) = self.whole_column(index) {
+            return backend.upload_column(column);
+        }
+        if let [part] = self.parts.as_slice() {
+            return backend.upload_column(part.column(index));
+        }
+        let arrays: Vec<&dyn Array> = self.parts.iter().map(|p| p.column(index).as_ref()).collect();
+        match end_to_end_width(&arrays) {
+            Some(width) => backend.upload_values(self.field(index)?.data_type(), self.rows, &|first, out| {
+                copy_values(&arrays, &self.starts, width, first, out)
+            }),
+            None => backend.upload_column(&concat_arrays(&arrays)?),
+        }
     }
 
     /// Rows that are one batch, every column whole.
@@ -210,14 +230,13 @@ pub fn assemble_columns<B: JoinBackend>(
         .collect()
 }
 
-/// One column of a chunk: fixed-width columns without nulls are copied
-/// into place piece by piece in parallel, into the backend's transfer
-/// memory when it has some; others are concatenated by [`concat_arrays`].
+/// One column of a chunk: columns whose values lie end to end, none null,
+/// are copied into place piece by piece in parallel, into the backend's
+/// transfer memory when it has some; others are concatenated by
+/// [`concat_arrays`].
 fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize) -> Result<ArrayRef> {
-    let data_type = arrays[0].data_type();
-    let width = match data_type.primitive_width() {
-        Some(w) if data_type.is_primitive() && arrays.iter().all(|a| a.null_count() == 0) => w,
-        _ => return concat_arrays(arrays),
+    let (Some(width), Some(first)) = (end_to_end_width(arrays), arrays.first()) else {
+        return concat_arrays(arrays);
     };
     let bytes = rows * width;
     let mut memory = backend.transfer_memory(bytes);
@@ -229,27 +248,60 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
             fresh.as_slice_mut()
         }
     };
-    let mut pieces = Vec::with_capacity(arrays.len());
-    let mut rest = target;
+    let mut starts = Vec::with_capacity(arrays.len());
+    let mut start = 0;
     for array in arrays {
-        let (piece, tail) = rest.split_at_mut(array.len() * width);
-        pieces.push((piece, *array));
-        rest = tail;
+        starts.push(start);
+        start += array.len();
     }
-    // Each array's data is looked at by the thread that copies it, not all
-    // of them first by this one: a build side comes in thousands of small
-    // batches.
-    pieces.into_par_iter().for_each(|(piece, array)| {
-        let data = array.to_data();
-        let start = data.offset() * width;
-        piece.copy_from_slice(&data.buffers()[0].as_slice()[start..start + piece.len()]);
-    });
+    target
+        .par_chunks_mut(COPY_PIECE_BYTES)
+        .enumerate()
+        .try_for_each(|(i, piece)| copy_values(arrays, &starts, width, i * COPY_PIECE_BYTES, piece))?;
     let buffer = match memory {
         Some(memory) => memory.into_buffer(bytes)?,
         None => fresh.into(),
     };
-    let data = ArrayData::builder(data_type.clone()).len(rows).add_buffer(buffer).build()?;
+    let data = ArrayData::builder(first.data_type().clone()).len(rows).add_buffer(buffer).build()?;
     Ok(make_array(data))
+}
+
+/// Bytes each rayon task of an assembly copies.
+const COPY_PIECE_BYTES: usize = 1 << 20;
+
+/// Bytes per value of `arrays` where their values lie end to end in one
+/// buffer and none is null: they are then copied as bytes.
+fn end_to_end_width(arrays: &[&dyn Array]) -> Option<usize> {
+    let width = value_width(arrays.first()?.data_type())?;
+    arrays.iter().all(|a| a.null_count() == 0).then_some(width)
+}
+
+/// Bytes `first..first + out.len()` of the values of `arrays` laid end to
+/// end (`width` bytes each, none null; array `i` starts at row
+/// `starts[i]`), copied into `out`. Each array's data is looked at by the
+/// thread that copies it, not all of them first by one thread: a build
+/// side comes in thousands of small batches.
+fn copy_values(arrays: &[&dyn Array], starts: &[usize], width: usize, first: usize, out: &mut [u8]) -> Result<()> {
+    // The last array starting at or before `first`: empty arrays that
+    // start at the same row come before it.
+    let mut index = starts.partition_point(|&start| start * width <= first).saturating_sub(1);
+    let mut done = 0;
+    while done < out.len() {
+        let (Some(array), Some(&start)) = (arrays.get(index), starts.get(index)) else {
+            return internal_err!("bytes {first}..{} asked of {} arrays", first + out.len(), arrays.len());
+        };
+        let data = array.to_data();
+        let range = data.offset() * width..(data.offset() + data.len()) * width;
+        let Some(values) = data.buffers().first().and_then(|b| b.as_slice().get(range)) else {
+            return internal_err!("an array of {} values of {width} bytes holds fewer bytes", data.len());
+        };
+        let offset = (first + done - start * width).min(values.len());
+        let len = (values.len() - offset).min(out.len() - done);
+        out[done..done + len].copy_from_slice(&values[offset..offset + len]);
+        done += len;
+        index += 1;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -293,5 +345,47 @@ mod tests {
             let error = TakenRows::new(side, UInt32Array::from(vec![40])).err().unwrap().to_string();
             assert!(error.contains("row 40 taken of 40 host rows"), "{error}");
         }
+    }
+
+    /// Columns uploaded from their parts, copied piece by piece at any byte
+    /// offset, equal the columns concatenated: parts that are slices, empty
+    /// parts, and columns with nulls or of strings, which are concatenated.
+    #[test]
+    fn columns_uploaded_from_parts_equal_the_columns_concatenated() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, true),
+            Field::new("s", DataType::Utf8View, false),
+        ]));
+        let whole_numbers = |values: std::ops::Range<i64>| {
+            let names: StringViewArray = values.clone().map(|v| Some(format!("{v}"))).collect();
+            let numbers = Int64Array::from_iter_values(values);
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(numbers), Arc::new(names)]).unwrap()
+        };
+        let without_nulls = vec![
+            whole_numbers(0..10).slice(3, 7),
+            whole_numbers(10..10),
+            whole_numbers(10..25),
+            whole_numbers(25..40).slice(0, 9),
+        ];
+        let with_nulls = vec![batch(&schema, 0..7), batch(&schema, 7..30)];
+        let backend = CpuBackend::open(&(), Arc::default()).unwrap();
+        for parts in [without_nulls, with_nulls] {
+            let rows = HostRows::new(Arc::clone(&schema), parts, vec![None, None]);
+            let whole = rows.whole_batch().unwrap();
+            for column in 0..2 {
+                let uploaded = backend.download_column(&rows.upload_column(&backend, column).unwrap()).unwrap();
+                assert_eq!(uploaded.as_ref(), whole.column(column).as_ref());
+            }
+        }
+        let parts = [whole_numbers(0..10).slice(3, 7), whole_numbers(10..10), whole_numbers(10..25)];
+        let arrays: Vec<&dyn Array> = parts.iter().map(|p| p.column(0).as_ref()).collect();
+        let expected: Vec<u8> = (3..25i64).flat_map(i64::to_le_bytes).collect();
+        for (first, len) in [(0, 176), (3, 17), (55, 1), (56, 120), (100, 76)] {
+            let mut out = vec![0; len];
+            copy_values(&arrays, &[0, 7, 7], 8, first, &mut out).unwrap();
+            assert_eq!(out, expected[first..first + len], "bytes {first}..{}", first + len);
+        }
+        let mut beyond = vec![0; 9];
+        assert!(copy_values(&arrays, &[0, 7, 7], 8, 170, &mut beyond).is_err());
     }
 }

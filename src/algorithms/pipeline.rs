@@ -229,7 +229,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     })?;
     let strategy = choice.strategy;
     let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &rows, &definition.build_output_columns(), strategy.build_space)?;
+        place_columns(backend, &rows, &definition.build_output_columns(), true, strategy.build_space)?;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
@@ -390,7 +390,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     }
     // Columns first: their transfers run while the keys are encoded.
     let PlacedColumns { placements, to_transform } = match columns {
-        ProbeColumns::Upload => place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), space)?,
+        ProbeColumns::Upload => place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), true, space)?,
         ProbeColumns::AfterMatching => PlacedColumns { placements: vec![], to_transform: vec![] },
     };
     loaded.keys = Some(upload_keys(backend, &build.probe_encoder, &keys)?);
@@ -531,12 +531,10 @@ fn place_after_matching<B: JoinBackend>(
     output_rows: usize,
 ) -> Result<PlacedAfterMatching<B::Column>> {
     let columns = definition.probe_output_columns();
-    let held = columns_held(backend, chunk.schema(), &columns);
     let enough = output_rows as f64 >= definition.probe_device_gather_ratio * chunk.rows() as f64;
-    let to_device = if enough { held.as_slice() } else { &[] };
-    let rows = chunk.with_whole_columns(backend, to_device)?;
-    let PlacedColumns { placements, .. } = place_columns(backend, &rows, &columns, Space::Original)?;
-    Ok(PlacedAfterMatching { placements, on_host: !enough && !held.is_empty() })
+    let PlacedColumns { placements, .. } = place_columns(backend, chunk, &columns, enough, Space::Original)?;
+    let on_host = !enough && !columns_held(backend, chunk.schema(), &columns).is_empty();
+    Ok(PlacedAfterMatching { placements, on_host })
 }
 
 /// The build-side rows a join emits once every probe partition has finished:

@@ -30,26 +30,34 @@ pub(crate) struct PlacedColumns<C> {
     pub to_transform: Vec<C>,
 }
 
-/// Decides where each needed column of a side lives and uploads it: the
-/// columns assembled whole for the backend, where it holds their type.
+/// Decides where each needed column of a side lives and uploads it: with
+/// `to_backend`, the columns of types the backend holds go to the backend
+/// (see [`HostRows::upload_column`]); the others, and every column without
+/// it, are taken on the host.
 pub(crate) fn place_columns<B: JoinBackend>(
     backend: &B,
     rows: &HostRows,
     columns: &[usize],
+    to_backend: bool,
     space: Space,
 ) -> Result<PlacedColumns<B::Column>> {
     let mut placements: Placements<B::Column> = (0..rows.schema().fields().len()).map(|_| None).collect();
+    let held = match to_backend {
+        true => columns_held(backend, rows.schema(), columns),
+        false => vec![],
+    };
     let mut to_transform = vec![];
     for &i in columns {
-        let Some(column) = rows.whole_column(i).filter(|c| backend.holds_column(c.data_type())) else {
+        if !held.contains(&i) {
             placements[i] = Some(ColumnPlacement::Host);
             continue;
-        };
+        }
+        let column = rows.upload_column(backend, i)?;
         placements[i] = Some(if space == Space::Transformed {
-            to_transform.push(backend.upload_column(column)?);
+            to_transform.push(column);
             ColumnPlacement::Transformed(to_transform.len() - 1)
         } else {
-            ColumnPlacement::Device(backend.upload_column(column)?)
+            ColumnPlacement::Device(column)
         });
     }
     Ok(PlacedColumns { placements, to_transform })

@@ -106,9 +106,14 @@ pub fn positions_to_indices(positions: &[u32]) -> UInt32Array {
 pub(crate) fn held_width(data_type: &DataType) -> Option<usize> {
     match data_type {
         DataType::Boolean => Some(1),
-        t if t.is_primitive() => t.primitive_width().filter(|w| matches!(w, 1 | 2 | 4 | 8 | 16)),
-        _ => None,
+        t => value_width(t).filter(|w| matches!(w, 1 | 2 | 4 | 8 | 16)),
     }
+}
+
+/// Bytes per value of a primitive type, whose values lie end to end in one
+/// buffer; `None` for other types (booleans are bits).
+pub(crate) fn value_width(data_type: &DataType) -> Option<usize> {
+    data_type.primitive_width().filter(|_| data_type.is_primitive())
 }
 
 /// The most rows one relation or probe chunk may have: positions are `u32`
@@ -350,6 +355,13 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// returns (it holds on to `array`'s memory meanwhile): other instances
     /// may read the column once [`JoinBackend::finish`] has returned.
     fn upload_column(&self, array: &ArrayRef) -> Result<Self::Column>;
+    /// A column of `rows` values of the fixed-width primitive `data_type`,
+    /// none null, whose bytes `fill` writes straight into the memory the
+    /// transfer reads: a column that came in many batches is copied once on
+    /// its way rather than assembled first. As with
+    /// [`JoinBackend::upload_column`], the transfer may still run when this
+    /// returns.
+    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>) -> Result<Self::Column>;
     fn download_column(&self, column: &Self::Column) -> Result<ArrayRef>;
 
     // ---- transform ----

@@ -40,7 +40,7 @@ use super::read_ahead::ProbeSlots;
 use super::runner::PartitionInputs;
 use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
-use crate::algorithms::{BuildSide, HostRows, JoinDefinition, choice, evaluate_keys, prepare_build_side};
+use crate::algorithms::{BuildSide, HostRows, JoinDefinition, choice, columns_held, evaluate_keys, prepare_build_side};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::keys::{KeyEncoder, KeyRanges};
@@ -130,6 +130,18 @@ fn on_build_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
         Some(pool) => pool.install(work),
         None => work(),
     }
+}
+
+/// The build side's columns the host reads, assembled whole before it is
+/// prepared: those of types the device does not hold, and those the filter
+/// reads. The others are copied from the batches straight into the memory
+/// their upload reads as the build side is prepared, so that the link
+/// carries them while the host copies.
+fn host_read_columns<B: JoinBackend>(definition: &JoinDefinition, backend: &B, schema: &Schema) -> Vec<usize> {
+    let on_device = columns_held(backend, schema, &definition.build_output_columns());
+    let filtered = definition.filter_columns(JoinSide::Left);
+    let read = definition.read_columns(JoinSide::Left);
+    read.into_iter().filter(|c| !on_device.contains(c) || filtered.contains(c)).collect()
 }
 
 /// Passes tried when a build side estimated to fit runs out of memory alone.
@@ -316,7 +328,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let sortable = self.keys_sort_on_device(ranges.as_ref())?;
         if passes == 1 && sortable && left_to_datafusion.is_none() {
             let (assembler, parts, columns) =
-                (backend.clone(), batches.clone(), self.definition.read_columns(JoinSide::Left));
+                (backend.clone(), batches.clone(), host_read_columns(&self.definition, &backend, &schema));
             let schema = Arc::clone(&schema);
             let host_rows = run_blocking("collecting the build side", move || {
                 on_build_pool(|| assemble_rows(&assembler, schema, parts, rows, &columns))

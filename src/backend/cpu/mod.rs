@@ -11,15 +11,18 @@ mod transform;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arrow::array::ArrayRef;
+use arrow::array::{ArrayData, ArrayRef, make_array};
+use arrow::buffer::MutableBuffer;
 use arrow::compute::take;
+use arrow::datatypes::DataType;
+use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
 use rayon::prelude::*;
 
 use super::{
     Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION, PartitionSpec, SortSpec, Space,
-    TransferMemory, Transformed, positions_to_indices,
+    TransferMemory, Transformed, positions_to_indices, value_width,
 };
 use crate::keys::NormalizedKey;
 
@@ -107,6 +110,20 @@ impl JoinBackend for CpuBackend {
 
     fn upload_column(&self, array: &ArrayRef) -> Result<ArrayRef> {
         Ok(Arc::clone(array))
+    }
+
+    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>) -> Result<ArrayRef> {
+        self.counters.check_cancelled("an upload")?;
+        let width = value_width(data_type)
+            .ok_or_else(|| internal_datafusion_err!("values of {data_type} do not lie end to end"))?;
+        // Arrow buffers must be aligned for their values, a Vec<u8> is not.
+        let mut values = MutableBuffer::from_len_zeroed(rows * width);
+        values
+            .as_slice_mut()
+            .par_chunks_mut(FILL_PIECE)
+            .enumerate()
+            .try_for_each(|(i, piece)| fill(i * FILL_PIECE, piece))?;
+        Ok(make_array(ArrayData::builder(data_type.clone()).len(rows).add_buffer(values.into()).build()?))
     }
 
     fn download_column(&self, column: &ArrayRef) -> Result<ArrayRef> {

@@ -15,7 +15,7 @@ use datafusion::error::Result;
 
 use super::CudaBackend;
 use super::memory::DeviceBuffer;
-use crate::backend::{JoinBackend, held_width};
+use crate::backend::{Fill, JoinBackend, held_width, value_width};
 
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
 const GATHER_ITEMS: u64 = 4;
@@ -81,6 +81,19 @@ impl CudaBackend {
             None => None,
         };
         Ok(CudaColumn { data_type, len, width, values: Arc::new(values), validity: validity.map(Arc::new) })
+    }
+
+    pub(crate) fn upload_filled_array(
+        &self,
+        data_type: &DataType,
+        rows: usize,
+        fill: Fill<'_, u8>,
+    ) -> Result<CudaColumn> {
+        let width = value_width(data_type)
+            .filter(|w| held_width(data_type) == Some(*w))
+            .ok_or_else(|| internal_datafusion_err!("the CUDA backend does not hold {data_type} values end to end"))?;
+        let values = DeviceBuffer::upload_with(&self.instance, rows * width, fill, "a payload column")?;
+        Ok(CudaColumn { data_type: data_type.clone(), len: rows, width, values: Arc::new(values), validity: None })
     }
 
     pub(crate) fn download_array(&self, column: &CudaColumn) -> Result<ArrayRef> {

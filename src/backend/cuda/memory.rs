@@ -4,8 +4,8 @@
 //! GPU join's memory budget, and go back to it when dropped. Uploads are
 //! written by their producer (a copy, or the key encoder) straight into
 //! pinned memory, so that no host copy of their values is made on the way:
-//! into a block of the pinned pool when it has one to spare, whose
-//! transfer is then only enqueued, else into two pinned staging buffers,
+//! into a block of the pinned pool when it has one to spare, a slice at a
+//! time, each slice's transfer only enqueued, else into two pinned staging buffers,
 //! so that filling one overlaps the transfer of the other. Large downloads
 //! go through the staging buffers unless their target is pinned.
 
@@ -30,6 +30,9 @@ const STAGING_BYTES: usize = 16 << 20;
 /// Bytes of a staging buffer each rayon task fills or empties: a multiple
 /// of every element size, so that pieces hold whole elements.
 const PIECE_BYTES: usize = 1 << 20;
+/// Bytes of an upload through a pinned block filled before their transfer
+/// is enqueued: a multiple of [`PIECE_BYTES`].
+const UPLOAD_SLICE_BYTES: usize = 32 << 20;
 
 /// What a backend instance allocates and transfers with: its device, its
 /// stream, and the counters of the join it serves.
@@ -405,16 +408,27 @@ fn upload_bytes(
         return upload_direct(instance, host, destination, what);
     }
     if let Some(mut loan) = instance.device.pinned.lend(len) {
-        // Pinned memory to spare: filled whole on every core, its transfer
-        // enqueued without waiting and the memory held as a column's is
-        // (see `upload_buffer`), rather than filled and sent a staging
-        // buffer at a time, waiting on each.
-        parallel_fill(0, loan.bytes_mut(len)?, fill)?;
-        let host = Box::new(loan).into_buffer(len)?;
-        // SAFETY: the destination holds `len` bytes; the source stays alive
-        // and unwritten (held below) until the stream is waited for.
-        unsafe { result::memcpy_htod_async(destination, host.as_slice(), stream) }.map_err(|e| cuda_error(what, e))?;
-        instance.reads.hold(host);
+        // Pinned memory to spare: filled on every core a slice at a time,
+        // each slice's transfer enqueued without waiting as soon as it is
+        // filled, so that the link carries one slice while the host fills
+        // the next; the memory is held as a column's is (see
+        // `upload_buffer`), not sent through the staging buffers, which
+        // wait on each.
+        let filled = loan.bytes_mut(len)?.chunks_mut(UPLOAD_SLICE_BYTES).enumerate().try_for_each(|(i, slice)| {
+            let first = i * UPLOAD_SLICE_BYTES;
+            parallel_fill(first, slice, fill)?;
+            // SAFETY: the destination holds `len` bytes; the slice stays
+            // alive and unwritten (the loan is held below, or waited for on
+            // failure) until the stream is waited for.
+            unsafe { result::memcpy_htod_async(destination + first as u64, &*slice, stream) }
+                .map_err(|e| cuda_error(what, e))
+        });
+        if let Err(e) = filled {
+            // The slices enqueued still read the loan.
+            synchronize(instance, what)?;
+            return Err(e);
+        }
+        instance.reads.hold(Box::new(loan).into_buffer(len)?);
         return Ok(());
     }
     let mut staging = instance.device.take_staging(instance)?;

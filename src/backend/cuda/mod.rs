@@ -14,6 +14,7 @@ mod transform;
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
+use arrow::datatypes::DataType;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
@@ -190,6 +191,10 @@ impl JoinBackend for CudaBackend {
 
     fn upload_column(&self, array: &ArrayRef) -> Result<CudaColumn> {
         self.upload_array(array)
+    }
+
+    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>) -> Result<CudaColumn> {
+        self.upload_filled_array(data_type, rows, fill)
     }
 
     fn download_column(&self, column: &CudaColumn) -> Result<ArrayRef> {
