@@ -5,9 +5,10 @@
 //! written by their producer (a copy, or the key encoder) straight into
 //! pinned memory, so that no host copy of their values is made on the way:
 //! into a block of the pinned pool when it has one to spare, a slice at a
-//! time, each slice's transfer only enqueued, else into two pinned staging buffers,
-//! so that filling one overlaps the transfer of the other. Large downloads
-//! go through the staging buffers unless their target is pinned.
+//! time, each slice's transfer only enqueued, else into two pinned staging
+//! buffers; either way filling one part overlaps the transfer of the one
+//! before. Large downloads go through the staging buffers unless their
+//! target is pinned.
 
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -30,8 +31,8 @@ const STAGING_BYTES: usize = 16 << 20;
 /// Bytes of a staging buffer each rayon task fills or empties: a multiple
 /// of every element size, so that pieces hold whole elements.
 const PIECE_BYTES: usize = 1 << 20;
-/// Bytes of an upload through a pinned block filled before their transfer
-/// is enqueued: a multiple of [`PIECE_BYTES`].
+/// An upload through a pinned block is filled, and its transfer enqueued,
+/// this many bytes at a time: a multiple of [`PIECE_BYTES`].
 const UPLOAD_SLICE_BYTES: usize = 32 << 20;
 
 /// What a backend instance allocates and transfers with: its device, its
