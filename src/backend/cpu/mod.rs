@@ -33,6 +33,11 @@ const CPU_PARTITION_TARGET_ROWS: usize = 8 * 1024;
 /// Elements each rayon task of an upload fills.
 const FILL_PIECE: usize = 1 << 18;
 
+/// Fills `values` in pieces on rayon's threads, as an upload's `fill` asks.
+fn fill_in_pieces<T: Send>(values: &mut [T], fill: Fill<'_, T>) -> Result<()> {
+    values.par_chunks_mut(FILL_PIECE).enumerate().try_for_each(|(i, piece)| fill(i * FILL_PIECE, piece))
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
     counters: Arc<DeviceCounters>,
@@ -92,7 +97,7 @@ impl JoinBackend for CpuBackend {
         self.counters.check_cancelled("an upload")?;
         self.counters.check_injected_failure((len * size_of::<T>()) as u64, "an upload")?;
         let mut values = vec![T::default(); len];
-        values.par_chunks_mut(FILL_PIECE).enumerate().try_for_each(|(i, piece)| fill(i * FILL_PIECE, piece))?;
+        fill_in_pieces(&mut values, fill)?;
         Ok(values)
     }
 
@@ -118,11 +123,7 @@ impl JoinBackend for CpuBackend {
             .ok_or_else(|| internal_datafusion_err!("values of {data_type} do not lie end to end"))?;
         // Arrow buffers must be aligned for their values, a Vec<u8> is not.
         let mut values = MutableBuffer::from_len_zeroed(rows * width);
-        values
-            .as_slice_mut()
-            .par_chunks_mut(FILL_PIECE)
-            .enumerate()
-            .try_for_each(|(i, piece)| fill(i * FILL_PIECE, piece))?;
+        fill_in_pieces(values.as_slice_mut(), fill)?;
         Ok(make_array(ArrayData::builder(data_type.clone()).len(rows).add_buffer(values.into()).build()?))
     }
 
