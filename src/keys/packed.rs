@@ -53,14 +53,39 @@ enum NullCode {
     Last,
 }
 
-trait ToI128: Copy {
+/// The native values of an integer-like column as the layout reads them.
+trait KeyValue: Copy {
     fn to_i128(self) -> i128;
+    /// A build-side bound as a value of this type, when it is one.
+    fn bound(value: i128) -> Option<Self>;
+    /// `upper - self`, wrapping in the type's own width and read unsigned:
+    /// exact when `self <= upper`; for a value outside a range of this type,
+    /// its distance from the range's bound is above the range's span.
+    fn distance_to(self, upper: Self) -> u64;
 }
 
-macro_rules! to_i128 {
-    ($($t:ty),*) => { $(impl ToI128 for $t { fn to_i128(self) -> i128 { self as i128 } })* };
+macro_rules! key_value {
+    ($($t:ty => $unsigned:ty),*) => { $(impl KeyValue for $t {
+        fn to_i128(self) -> i128 { self as i128 }
+        fn bound(value: i128) -> Option<Self> { Self::try_from(value).ok() }
+        fn distance_to(self, upper: Self) -> u64 { upper.wrapping_sub(self) as $unsigned as u64 }
+    })* };
 }
-to_i128!(i8, i16, i32, i64, i128, u8, u16, u32, u64);
+key_value!(i8 => u8, i16 => u16, i32 => u32, i64 => u64, u8 => u8, u16 => u16, u32 => u32, u64 => u64);
+
+impl KeyValue for i128 {
+    fn to_i128(self) -> i128 {
+        self
+    }
+    fn bound(value: i128) -> Option<Self> {
+        Some(value)
+    }
+    /// Saturates: spans are below 2^63, so a distance beyond 64 bits is
+    /// above every span.
+    fn distance_to(self, upper: Self) -> u64 {
+        u64::try_from(upper.wrapping_sub(self) as u128).unwrap_or(u64::MAX)
+    }
+}
 
 /// Runs `$body` with `$typed` bound to the column as a primitive array of an
 /// integer-like type, or evaluates `$other` for every other type.
@@ -180,7 +205,7 @@ pub(super) const PARALLEL_ROWS: usize = 1 << 18;
 fn value_range<T>(array: &PrimitiveArray<T>) -> Option<(i128, i128)>
 where
     T: ArrowPrimitiveType,
-    T::Native: ToI128,
+    T::Native: KeyValue,
 {
     Some((min(array)?.to_i128(), max(array)?.to_i128()))
 }
@@ -323,9 +348,10 @@ impl PackedLayout {
     ) -> Result<()> {
         if let ([column], [key]) = (self.columns.as_slice(), keys)
             && key.null_count() == 0
-            && !matches!(key.data_type(), DataType::Boolean | DataType::Decimal128(..))
+            && key.data_type() != &DataType::Boolean
+            && column.encode_single(key.as_ref(), out)?
         {
-            return column.encode_single(key.as_ref(), out);
+            return Ok(());
         }
         let mut codes = vec![0u64; out.len()];
         for (column, key) in self.columns.iter().zip(keys) {
@@ -361,33 +387,36 @@ impl PackedColumn {
         }
     }
 
-    /// The whole key is this one integer column (not 128-bit) and holds no
-    /// NULL: the distance from the minimum (from the maximum, descending)
-    /// in wrapping 64-bit arithmetic, where values outside the build range
-    /// land above the span (the span is below 2^63), in a loop the compiler
-    /// vectorises.
-    fn encode_single<K: NormalizedKey>(&self, key: &dyn Array, out: &mut [K]) -> Result<()> {
+    /// The whole key is this one integer column and holds no NULL: each
+    /// code is the distance from the minimum (from the maximum, descending)
+    /// in the values' own width. False, with `out` untouched, when the
+    /// build side's bounds are not values of this column's type.
+    fn encode_single<K: NormalizedKey>(&self, key: &dyn Array, out: &mut [K]) -> Result<bool> {
         let Some((lo, hi)) = self.range else {
             out.fill(K::UNMATCHABLE);
-            return Ok(());
+            return Ok(true);
         };
-        let (lo, hi, span, shift) = (lo as i64, hi as i64, (hi - lo) as u64, self.shift());
-        let descending = self.descending;
         with_integer_array!(
             key,
-            typed => {
-                for (code, value) in out.iter_mut().zip(typed.values().iter()) {
-                    let value = value.to_i128() as i64;
-                    let offset = match descending {
-                        false => value.wrapping_sub(lo) as u64,
-                        true => hi.wrapping_sub(value) as u64,
-                    };
-                    *code = if offset <= span { K::from_u64(offset + shift) } else { K::UNMATCHABLE };
-                }
-                Ok(())
-            },
+            typed => Ok(self.encode_values(typed.values(), lo, hi, out)),
             other => internal_err!("packed key layout got a {} column", key.data_type())
         )
+    }
+
+    fn encode_values<T: KeyValue, K: NormalizedKey>(&self, values: &[T], lo: i128, hi: i128, out: &mut [K]) -> bool {
+        let (Some(lo), Some(hi)) = (T::bound(lo), T::bound(hi)) else {
+            return false;
+        };
+        let (span, shift) = (lo.distance_to(hi), self.shift());
+        let code = |offset: u64| if offset <= span { K::from_u64(offset + shift) } else { K::UNMATCHABLE };
+        // A loop per direction, in the values' width rather than in i64:
+        // without a branch, a widening or a 64-bit comparison per value,
+        // each compiles to vector code in lanes as wide as the values.
+        match self.descending {
+            false => out.iter_mut().zip(values).for_each(|(c, &v)| *c = code(lo.distance_to(v))),
+            true => out.iter_mut().zip(values).for_each(|(c, &v)| *c = code(v.distance_to(hi))),
+        }
+        true
     }
 
     /// Shifts this column's code into every row's key; rows that cannot

@@ -192,3 +192,98 @@ fn ordered_keys_sort_in_sql_order_and_build_nulls_never_match() {
         }
     }
 }
+
+/// A key of one integer column without NULLs is coded in the values' own
+/// width: the distance from the build side's bound, or the unmatchable key
+/// outside its range, the type's extremes included; a probe column whose
+/// type cannot hold the build side's bounds is coded all the same.
+#[test]
+fn single_column_codes_are_distances_within_the_build_range() {
+    use arrow::array::{Int8Array, UInt8Array, UInt32Array};
+    use arrow::compute::{SortOptions, cast};
+    use arrow::datatypes::DataType;
+    let cases: Vec<(ArrayRef, ArrayRef)> = vec![
+        (
+            Arc::new(Int8Array::from(vec![20, -100, 3])),
+            Arc::new(Int8Array::from(vec![i8::MIN, -101, -100, 0, 20, 21, i8::MAX])),
+        ),
+        (Arc::new(UInt8Array::from(vec![200, 3])), Arc::new(UInt8Array::from(vec![0, 2, 3, 200, 201, u8::MAX]))),
+        (
+            Arc::new(Int32Array::from(vec![1 << 30, -7])),
+            Arc::new(Int32Array::from(vec![i32::MIN, -8, -7, 5, 1 << 30, (1 << 30) + 1, i32::MAX])),
+        ),
+        (
+            Arc::new(UInt32Array::from(vec![10, 4_000_000_000])),
+            Arc::new(UInt32Array::from(vec![0, 9, 10, 4_000_000_000, 4_000_000_001, u32::MAX])),
+        ),
+        (
+            Arc::new(Int64Array::from(vec![i64::MIN + 5, i64::MIN + 1000])),
+            Arc::new(Int64Array::from(vec![i64::MIN, i64::MIN + 5, i64::MIN + 1001, 0, i64::MAX])),
+        ),
+        (
+            Arc::new(UInt64Array::from(vec![u64::MAX - 10, u64::MAX - 2])),
+            Arc::new(UInt64Array::from(vec![0, u64::MAX - 11, u64::MAX - 10, u64::MAX - 2, u64::MAX - 1, u64::MAX])),
+        ),
+        (
+            Arc::new(Int64Array::from(vec![-5, 3_000_000_000])),
+            Arc::new(Int32Array::from(vec![i32::MIN, -6, -5, 0, i32::MAX])),
+        ),
+        (
+            Arc::new(Decimal128Array::from(vec![-(10_i128.pow(20)), 100 - 10_i128.pow(20)])),
+            Arc::new(Decimal128Array::from(vec![
+                i128::MIN,
+                -(10_i128.pow(20)) - 1,
+                -(10_i128.pow(20)),
+                100 - 10_i128.pow(20),
+                101 - 10_i128.pow(20),
+                (1 << 64) - 10_i128.pow(20),
+                i128::MAX,
+            ])),
+        ),
+    ];
+    let as_i128 = |array: &ArrayRef| -> Vec<i128> {
+        let decimal = match array.data_type() {
+            DataType::Decimal128(..) => Arc::clone(array),
+            _ => cast(array, &DataType::Decimal128(38, 0)).unwrap(),
+        };
+        decimal.as_any().downcast_ref::<Decimal128Array>().unwrap().values().to_vec()
+    };
+    let codes = |keys: NormalizedKeys| -> Vec<u64> {
+        match keys {
+            NormalizedKeys::U32(k) => {
+                k.into_iter().map(|c| if c == u32::MAX { u64::MAX } else { u64::from(c) }).collect()
+            }
+            NormalizedKeys::U64(k) => k,
+        }
+    };
+    for (build, probe) in cases {
+        let values = as_i128(&build);
+        let (lo, hi) = (*values.iter().min().unwrap(), *values.iter().max().unwrap());
+        let ranges = KeyRanges::of_pieces(&[vec![Arc::clone(&build)]]);
+        let mut encoders =
+            vec![(KeyEncoder::for_key_ranges(&ranges, NullEquality::NullEqualsNothing).unwrap(), false, 0)];
+        for (descending, nulls_first) in [(false, true), (false, false), (true, true), (true, false)] {
+            let order = [SortOptions { descending, nulls_first }];
+            let encoder = KeyEncoder::for_ordered_keys(&ranges, NullEquality::NullEqualsNothing, &order).unwrap();
+            encoders.push((encoder.unwrap(), descending, u64::from(nulls_first)));
+        }
+        for (encoder, descending, shift) in encoders {
+            let expected: Vec<u64> = as_i128(&probe)
+                .into_iter()
+                .map(|v| match (lo..=hi).contains(&v) {
+                    true => (if descending { hi - v } else { v - lo }) as u64 + shift,
+                    false => u64::MAX,
+                })
+                .collect();
+            let got = codes(encoder.for_probe_side().encode(std::slice::from_ref(&probe)).unwrap());
+            assert_eq!(
+                got,
+                expected,
+                "{} probe of a {} build side, {}",
+                probe.data_type(),
+                build.data_type(),
+                encoder.describe()
+            );
+        }
+    }
+}
