@@ -31,7 +31,8 @@ def main(source, target):
         r["workload"] + "\n" + "\n".join(textwrap.wrap(r["code"].split(" (")[0], 14)) + "\n(" + r["code"].split(" (")[1]
         for r in rows
     ]
-    figure, axis = plt.subplots(figsize=(15, 6))
+    # Wide enough that each version's wrapped label keeps to its own slot.
+    figure, axis = plt.subplots(figsize=(max(15, 0.9 * len(rows)), 6))
     width = 0.8 / len(SERIES)
     for i, (column, name) in enumerate(SERIES):
         x = [j + (i - (len(SERIES) - 1) / 2) * width for j in range(len(rows))]
