@@ -225,7 +225,10 @@ fn run<K: NormalizedKey>(
     let transformed = start.elapsed();
 
     let matches = match method {
-        Method::PartitionedHash => gpu.hash_match(&build_t, &probe_t, spaces).expect("match"),
+        Method::PartitionedHash => {
+            let tables = gpu.hash_tables(&build_t).expect("hash tables");
+            gpu.hash_match(&build_t, &tables, &probe_t, spaces).expect("match")
+        }
         Method::SortMerge | Method::SortMergeFullWidth => gpu.merge_match(&build_t, &probe_t, spaces).expect("match"),
     };
     gpu.finish().expect("match");

@@ -1,10 +1,14 @@
 // Match finding.
 //
-// Hash match: one block per work unit, a piece of one co-partition (as many
-// build rows as a shared-memory hash table holds, and a slice of the probe
-// partition; large partitions are split into several units, so skew spreads
-// over blocks). The block builds an open-addressing hash table of its build
-// rows in shared memory and streams its probe rows through it.
+// Hash match: the build side is cut once into pieces, a co-partition or a
+// part of one holding as many rows as a shared-memory hash table holds.
+// One block per work unit (a piece and a slice of its probe partition;
+// large partitions give several units, so skew spreads over blocks)
+// streams its probe rows through the piece's table. The unit builds the
+// table in shared memory, unless the probe chunk has few probe rows for
+// the build side's size (a chunk's co-partitions are often far smaller
+// than the build side's): then each piece's table is built once, kept in
+// global memory, and read there by every such chunk's units.
 //
 // The first launch handles a unit whose build keys are unique and whose probe
 // rows no other unit reads ("direct") in one go: each probe row has at most
@@ -24,57 +28,24 @@
 // gives the upper bounds, the run lengths are scanned and a
 // load-balancing search writes the pairs.
 
-struct WorkUnit {
+// A piece of a build co-partition and its hash table.
+struct Piece {
     u32 build_begin;
     u32 build_end;
+    // Its table's first slot among the slots of every piece's table.
+    u64 first_slot;
+    u32 slots;
+    // 1 when two of its build keys are equal.
+    u32 repeated;
+};
+
+struct WorkUnit {
+    u32 piece;
     u32 probe_begin;
     u32 probe_end;
     // 1 when no other unit reads these probe rows.
     u32 direct;
 };
-
-// Work units are planned on the device from the partition offsets (the
-// offsets never travel to the host): a co-partition gives one unit per
-// piece of at most `max_build_rows` build rows and slice of at most
-// `probe_slice_rows` probe rows. First the count per co-partition (and the
-// largest table any unit builds), then, after a scan, the units.
-extern "C" __global__ void plan_unit_counts(const u32* build_offsets, const u32* probe_offsets, u32 partitions,
-                                            u32 max_build_rows, u32 probe_slice_rows, u64* unit_counts,
-                                            u32* largest_build) {
-    const u32 p = blockIdx.x * BLOCK + threadIdx.x;
-    if (p >= partitions) return;
-    const u32 build_rows = build_offsets[p + 1] - build_offsets[p];
-    const u32 probe_rows = probe_offsets[p + 1] - probe_offsets[p];
-    u64 count = 0;
-    if (build_rows != 0 && probe_rows != 0) {
-        count = (u64)((build_rows - 1) / max_build_rows + 1) * ((probe_rows - 1) / probe_slice_rows + 1);
-        atomicMax(largest_build, min(build_rows, max_build_rows));
-    }
-    unit_counts[p] = count;
-}
-
-extern "C" __global__ void plan_units(const u32* build_offsets, const u32* probe_offsets, u32 partitions,
-                                      u32 max_build_rows, u32 probe_slice_rows, const u64* unit_offsets,
-                                      WorkUnit* units) {
-    const u32 p = blockIdx.x * BLOCK + threadIdx.x;
-    if (p >= partitions) return;
-    u64 at = unit_offsets[p];
-    if (unit_offsets[p + 1] == at) return;
-    const u32 b0 = build_offsets[p], b1 = build_offsets[p + 1], p0 = probe_offsets[p], p1 = probe_offsets[p + 1];
-    // Direct: the partition's build rows fit one table, so no two units
-    // read the same probe rows.
-    const u32 direct = b1 - b0 <= max_build_rows;
-    for (u32 b = b0; b < b1; b += min(max_build_rows, b1 - b)) {
-        const u32 b_end = b + min(max_build_rows, b1 - b);
-        for (u32 q = p0; q < p1; q += min(probe_slice_rows, p1 - q)) {
-            units[at++] = WorkUnit{b, b_end, q, q + min(probe_slice_rows, p1 - q), direct};
-        }
-    }
-}
-
-__device__ __forceinline__ u32 output_position(u32 position, const u32* row_ids) {
-    return row_ids ? row_ids[position] : position;
-}
 
 // Hash table slots for `build_rows` rows, load factor at most 3/4;
 // table_slots in the host code computes the same.
@@ -84,11 +55,80 @@ __device__ __forceinline__ u32 table_slots(u32 build_rows) {
     return slots;
 }
 
-// Linear-probing hash table in shared memory. A 4-byte key and its build
-// position share one 8-byte entry, so a probe step is one load; 8-byte keys
-// keep their positions in a second array. The unmatchable key marks an
-// empty slot (unmatchable rows are never in a work unit).
+// Pieces are planned on the device from the build side's partition offsets:
+// a co-partition gives one piece per `max_build_rows` build rows. First the
+// pieces and table slots per co-partition (and the largest piece), then,
+// after a scan of both, the pieces.
+extern "C" __global__ void plan_piece_counts(const u32* build_offsets, u32 partitions, u32 max_build_rows,
+                                             u64* piece_counts, u64* slot_counts, u32* largest_piece) {
+    const u32 p = blockIdx.x * BLOCK + threadIdx.x;
+    if (p >= partitions) return;
+    const u32 rows = build_offsets[p + 1] - build_offsets[p];
+    const u32 full = rows / max_build_rows, rest = rows % max_build_rows;
+    piece_counts[p] = full + (rest != 0);
+    slot_counts[p] = (u64)full * table_slots(max_build_rows) + (rest != 0 ? table_slots(rest) : 0);
+    if (rows != 0) atomicMax(largest_piece, min(rows, max_build_rows));
+}
+
+extern "C" __global__ void plan_pieces(const u32* build_offsets, u32 partitions, u32 max_build_rows,
+                                       const u64* piece_offsets, const u64* slot_offsets, Piece* pieces) {
+    const u32 p = blockIdx.x * BLOCK + threadIdx.x;
+    if (p >= partitions) return;
+    u64 at = piece_offsets[p], slot = slot_offsets[p];
+    const u32 b1 = build_offsets[p + 1];
+    for (u32 b = build_offsets[p]; b < b1;) {
+        const u32 end = b + min(max_build_rows, b1 - b);
+        const u32 slots = table_slots(end - b);
+        pieces[at++] = Piece{b, end, slot, slots, 0};
+        slot += slots;
+        b = end;
+    }
+}
+
+// Work units are planned on the device from the pieces and the probe
+// chunk's partition offsets (neither travels to the host): a co-partition
+// gives one unit per piece and slice of at most `probe_slice_rows` probe
+// rows. First the count per co-partition, then, after a scan, the units.
+extern "C" __global__ void plan_unit_counts(const u64* piece_offsets, const u32* probe_offsets, u32 partitions,
+                                            u32 probe_slice_rows, u64* unit_counts) {
+    const u32 p = blockIdx.x * BLOCK + threadIdx.x;
+    if (p >= partitions) return;
+    const u64 pieces = piece_offsets[p + 1] - piece_offsets[p];
+    const u32 probe_rows = probe_offsets[p + 1] - probe_offsets[p];
+    unit_counts[p] = probe_rows == 0 ? 0 : pieces * ((probe_rows - 1) / probe_slice_rows + 1);
+}
+
+extern "C" __global__ void plan_units(const u64* piece_offsets, const u32* probe_offsets, u32 partitions,
+                                      u32 probe_slice_rows, const u64* unit_offsets, WorkUnit* units) {
+    const u32 p = blockIdx.x * BLOCK + threadIdx.x;
+    if (p >= partitions) return;
+    u64 at = unit_offsets[p];
+    if (unit_offsets[p + 1] == at) return;
+    const u64 first_piece = piece_offsets[p], end_piece = piece_offsets[p + 1];
+    const u32 p0 = probe_offsets[p], p1 = probe_offsets[p + 1];
+    // Direct: the partition's build rows fit one table, so no two units
+    // read the same probe rows.
+    const u32 direct = end_piece - first_piece == 1;
+    for (u64 piece = first_piece; piece < end_piece; piece++) {
+        for (u32 q = p0; q < p1; q += min(probe_slice_rows, p1 - q)) {
+            units[at++] = WorkUnit{(u32)piece, q, q + min(probe_slice_rows, p1 - q), direct};
+        }
+    }
+}
+
+__device__ __forceinline__ u32 output_position(u32 position, const u32* row_ids) {
+    return row_ids ? row_ids[position] : position;
+}
+
+// Linear-probing hash table, in shared or global memory. A 4-byte key and
+// its build position share one 8-byte entry, so a probe step is one load;
+// 8-byte keys keep their positions in a second array. The unmatchable key
+// marks an empty slot (unmatchable rows are never in a piece).
 template <typename K> struct Table;
+
+// Bytes of a table per slot; a table of `slots` slots (an even number) is
+// `slots * ENTRY_BYTES / 8` words.
+template <typename K> constexpr u32 ENTRY_BYTES = sizeof(K) + 4;
 
 template <> struct Table<u32> {
     u64* entries;
@@ -158,31 +198,31 @@ template <> struct Table<u64> {
 // Build rows per thread whose keys are loaded at once.
 #define BUILD_BATCH 8
 
-// Builds the unit's table; returns whether two of its build keys are equal.
-// Ends with a barrier.
+// Builds the piece's table; returns whether two of its build keys are
+// equal. Ends with a barrier.
 template <typename K>
-__device__ __forceinline__ bool build_table(Table<K>& table, const K* build_keys, const WorkUnit& unit,
+__device__ __forceinline__ bool build_table(Table<K>& table, const K* build_keys, const Piece& piece,
                                             u32* equal_keys) {
     if (threadIdx.x == 0) *equal_keys = 0;
     // The first batch of keys loads while the table is cleared; each batch's
     // loads are in flight together rather than one per insert.
     K keys[BUILD_BATCH];
     // 64-bit, so that stepping past the last row cannot wrap around.
-    u64 row = (u64)unit.build_begin + threadIdx.x;
+    u64 row = (u64)piece.build_begin + threadIdx.x;
 #pragma unroll
     for (u32 k = 0; k < BUILD_BATCH; k++)
-        if (row + k * BLOCK < unit.build_end) keys[k] = build_keys[row + k * BLOCK];
+        if (row + k * BLOCK < piece.build_end) keys[k] = build_keys[row + k * BLOCK];
     table.clear();
     __syncthreads();
     bool equal = false;
-    while (row < unit.build_end) {
+    while (row < piece.build_end) {
 #pragma unroll
         for (u32 k = 0; k < BUILD_BATCH; k++)
-            if (row + k * BLOCK < unit.build_end) equal |= table.insert(keys[k], (u32)(row + k * BLOCK));
+            if (row + k * BLOCK < piece.build_end) equal |= table.insert(keys[k], (u32)(row + k * BLOCK));
         row += BUILD_BATCH * BLOCK;
 #pragma unroll
         for (u32 k = 0; k < BUILD_BATCH; k++)
-            if (row + k * BLOCK < unit.build_end) keys[k] = build_keys[row + k * BLOCK];
+            if (row + k * BLOCK < piece.build_end) keys[k] = build_keys[row + k * BLOCK];
     }
     if (equal) *equal_keys = 1;
     __syncthreads();
@@ -300,20 +340,52 @@ __device__ __forceinline__ u32 probe_unique(const Table<K>& table, const K* prob
     return written;
 }
 
+// Builds every piece's table in shared memory, one block per piece, and
+// keeps it in `tables` with whether the piece's build keys repeat.
+template <typename K>
+__device__ void build_tables(const K* build_keys, Piece* pieces, u64* tables) {
+    extern __shared__ u64 shared_words[];
+    __shared__ u32 equal_keys;
+    const Piece piece = pieces[blockIdx.x];
+    Table<K> table(shared_words, piece.slots);
+    const bool repeated = build_table<K>(table, build_keys, piece, &equal_keys);
+    u64* kept = tables + piece.first_slot * ENTRY_BYTES<K> / 8;
+    const u32 words = piece.slots * ENTRY_BYTES<K> / 8;
+    for (u32 w = threadIdx.x; w < words; w += BLOCK) kept[w] = shared_words[w];
+    if (threadIdx.x == 0) pieces[blockIdx.x].repeated = repeated;
+}
+
+// The unit's piece's table, and whether its build keys repeat: with KEPT
+// the table kept in global memory, otherwise built in shared memory from
+// the piece's build rows. Ends with a barrier.
+template <typename K, bool KEPT>
+__device__ __forceinline__ Table<K> piece_table(const Piece& piece, const K* build_keys, const u64* tables,
+                                                u64* shared_words, u32* equal_keys, bool& repeated) {
+    if (KEPT) {
+        __syncthreads();
+        repeated = piece.repeated;
+        return Table<K>((u64*)(tables + piece.first_slot * ENTRY_BYTES<K> / 8), piece.slots);
+    }
+    Table<K> table(shared_words, piece.slots);
+    repeated = build_table<K>(table, build_keys, piece, equal_keys);
+    return table;
+}
+
 // First launch: direct units with unique build keys write their matches
 // into `direct_build`/`direct_probe` (as long as the probe relation); the
 // others count. unit_matches[u] gets the count, unit_written[u] 1 if written.
-template <typename K>
-__device__ void hash_first(const K* build_keys, const K* probe_keys, const WorkUnit* units,
-                           const u32* build_row_ids, const u32* probe_row_ids, u32* direct_build,
-                           u32* direct_probe, u64* unit_matches, u32* unit_written) {
+template <typename K, bool KEPT>
+__device__ void hash_first(const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,
+                           const WorkUnit* units, const u32* build_row_ids, const u32* probe_row_ids,
+                           u32* direct_build, u32* direct_probe, u64* unit_matches, u32* unit_written) {
     extern __shared__ u64 shared_words[];
     __shared__ u32 equal_keys, found_in_unit;
     __shared__ u32 round_counts[2][PROBE_ITEMS * WARPS];
     const WorkUnit unit = units[blockIdx.x];
-    Table<K> table(shared_words, table_slots(unit.build_end - unit.build_begin));
     if (threadIdx.x == 0) found_in_unit = 0;
-    const bool repeated = build_table<K>(table, build_keys, unit, &equal_keys);
+    const Piece piece = pieces[unit.piece];
+    bool repeated;
+    const Table<K> table = piece_table<K, KEPT>(piece, build_keys, tables, shared_words, &equal_keys, repeated);
     if (unit.direct && !repeated) {
         const u32 written = probe_unique<K>(table, probe_keys, unit, build_row_ids, probe_row_ids, direct_build,
                                             direct_probe, round_counts);
@@ -333,11 +405,11 @@ __device__ void hash_first(const K* build_keys, const K* probe_keys, const WorkU
 
 // Second launch, after the scan of the counts: unit_offsets[u] is where
 // unit u's matches go (unit_offsets[units] is the total).
-template <typename K>
-__device__ void hash_second(const K* build_keys, const K* probe_keys, const WorkUnit* units,
-                            const u32* build_row_ids, const u32* probe_row_ids, const u32* direct_build,
-                            const u32* direct_probe, u32* out_build, u32* out_probe, const u64* unit_offsets,
-                            const u32* unit_written) {
+template <typename K, bool KEPT>
+__device__ void hash_second(const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,
+                            const WorkUnit* units, const u32* build_row_ids, const u32* probe_row_ids,
+                            const u32* direct_build, const u32* direct_probe, u32* out_build, u32* out_probe,
+                            const u64* unit_offsets, const u32* unit_written) {
     extern __shared__ u64 shared_words[];
     __shared__ u32 equal_keys, found_in_unit;
     const WorkUnit unit = units[blockIdx.x];
@@ -351,9 +423,10 @@ __device__ void hash_second(const K* build_keys, const K* probe_keys, const Work
         }
         return;
     }
-    Table<K> table(shared_words, table_slots(unit.build_end - unit.build_begin));
     if (threadIdx.x == 0) found_in_unit = 0;
-    build_table<K>(table, build_keys, unit, &equal_keys);
+    const Piece piece = pieces[unit.piece];
+    bool repeated;
+    const Table<K> table = piece_table<K, KEPT>(piece, build_keys, tables, shared_words, &equal_keys, repeated);
     probe_all<K, true>(table, probe_keys, unit, build_row_ids, probe_row_ids, out_build, out_probe, offset,
                        &found_in_unit);
 }
@@ -504,21 +577,30 @@ extern "C" __global__ void merge_expand(const u64* offsets, u32 probe_rows, cons
     }
 }
 
+#define HASH_MATCH_KERNELS(K, MODE, KEPT)                                                                    \
+    extern "C" __global__ void __launch_bounds__(BLOCK) hash_first_##MODE##_##K(                             \
+        const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,                   \
+        const WorkUnit* units, const u32* build_row_ids, const u32* probe_row_ids, u32* direct_build,        \
+        u32* direct_probe, u64* unit_matches, u32* unit_written) {                                           \
+        hash_first<K, KEPT>(pieces, tables, build_keys, probe_keys, units, build_row_ids, probe_row_ids,     \
+                            direct_build, direct_probe, unit_matches, unit_written);                         \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(BLOCK) hash_second_##MODE##_##K(                            \
+        const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,                   \
+        const WorkUnit* units, const u32* build_row_ids, const u32* probe_row_ids, const u32* direct_build,  \
+        const u32* direct_probe, u32* out_build, u32* out_probe, const u64* unit_offsets,                    \
+        const u32* unit_written) {                                                                           \
+        hash_second<K, KEPT>(pieces, tables, build_keys, probe_keys, units, build_row_ids, probe_row_ids,    \
+                             direct_build, direct_probe, out_build, out_probe, unit_offsets, unit_written);  \
+    }
+
 #define MATCH_KERNELS(K)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(BLOCK) hash_first_##K(                                      \
-        const K* build_keys, const K* probe_keys, const WorkUnit* units, const u32* build_row_ids,           \
-        const u32* probe_row_ids, u32* direct_build, u32* direct_probe, u64* unit_matches,                   \
-        u32* unit_written) {                                                                                 \
-        hash_first<K>(build_keys, probe_keys, units, build_row_ids, probe_row_ids, direct_build,             \
-                      direct_probe, unit_matches, unit_written);                                             \
+    extern "C" __global__ void __launch_bounds__(BLOCK) build_tables_##K(const K* build_keys, Piece* pieces, \
+                                                                         u64* tables) {                      \
+        build_tables<K>(build_keys, pieces, tables);                                                         \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(BLOCK) hash_second_##K(                                     \
-        const K* build_keys, const K* probe_keys, const WorkUnit* units, const u32* build_row_ids,           \
-        const u32* probe_row_ids, const u32* direct_build, const u32* direct_probe, u32* out_build,          \
-        u32* out_probe, const u64* unit_offsets, const u32* unit_written) {                                  \
-        hash_second<K>(build_keys, probe_keys, units, build_row_ids, probe_row_ids, direct_build,            \
-                       direct_probe, out_build, out_probe, unit_offsets, unit_written);                      \
-    }                                                                                                        \
+    HASH_MATCH_KERNELS(K, shared, false)                                                                     \
+    HASH_MATCH_KERNELS(K, kept, true)                                                                        \
     extern "C" __global__ void merge_splits_##K(const K* needles, u32 n, const K* build, u32 m, u32 bias,    \
                                                 u32 tiles, u32* splits) {                                    \
         merge_splits<K>(needles, n, build, m, bias, tiles, splits);                                          \

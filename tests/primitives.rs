@@ -122,10 +122,10 @@ fn transform<B: JoinBackend, K: NormalizedKey>(
     }
 }
 
-/// The narrowest sort of both sides' keys, as a packed encoding gives:
+/// The narrowest sort of every side's keys, as a packed encoding gives:
 /// their matchable values' bits and one more.
-fn tight_sort<K: NormalizedKey>(build: &[K], probe: &[K]) -> SortSpec {
-    let largest = build.iter().chain(probe).filter(|k| **k != K::UNMATCHABLE).map(|k| k.to_u64()).max();
+fn tight_sort<K: NormalizedKey>(sides: &[&[K]]) -> SortSpec {
+    let largest = sides.iter().copied().flatten().filter(|k| **k != K::UNMATCHABLE).map(|k| k.to_u64()).max();
     SortSpec::for_value_bits::<K>(largest.map_or(0, |k| u64::BITS - k.leading_zeros()))
 }
 
@@ -179,7 +179,9 @@ fn find_matches<B: JoinBackend, K: NormalizedKey>(
     spaces: (Space, Space),
 ) -> Candidates<B> {
     match build.layout {
-        Layout::Partitioned(_) => backend.hash_match(build, probe, spaces).unwrap(),
+        Layout::Partitioned(_) => {
+            backend.hash_match(build, &backend.hash_tables(build).unwrap(), probe, spaces).unwrap()
+        }
         Layout::Sorted(_) => backend.merge_match(build, probe, spaces).unwrap(),
     }
 }
@@ -211,9 +213,11 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
     let (cpu, tested) = (open::<CpuBackend>(&()), open::<B>(device));
     for &rows in &sizes() {
         for kind in [Keys::DenseUnique, Keys::FewDistinct, Keys::Skewed, Keys::WithUnmatchable] {
-            let probe_rows = rows + rows / 3 + 1;
-            let (build_keys, probe_keys) = (keys::<K>(rng, rows, kind), keys::<K>(rng, probe_rows, kind));
-            let (build_payload, probe_payload) = (payload(rng, rows), payload(rng, probe_rows));
+            let (build_keys, build_payload) = (keys::<K>(rng, rows, kind), payload(rng, rows));
+            let probes: Vec<(Vec<K>, ArrayRef)> = [rows + rows / 3 + 1, rows / 16 + 1]
+                .into_iter()
+                .map(|probe_rows| (keys::<K>(rng, probe_rows, kind), payload(rng, probe_rows)))
+                .collect();
             let bits = PartitionSpec::for_build_rows(rows, tested.partition_target_rows()).bits;
             // Repeated keys make (nearly) a cartesian product; keep it small.
             if matches!(kind, Keys::FewDistinct | Keys::Skewed) && rows > 1_000 {
@@ -224,7 +228,7 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
             if large && !matches!(kind, Keys::WithUnmatchable) {
                 continue;
             }
-            let tight = Layout::Sorted(tight_sort(&build_keys, &probe_keys));
+            let tight = Layout::Sorted(tight_sort(&[&build_keys, &probes[0].0, &probes[1].0]));
             let mut layouts = vec![Layout::Partitioned(PartitionSpec { bits }), tight];
             if !large {
                 layouts.extend([Layout::Partitioned(PartitionSpec { bits: 0 }), Layout::Sorted(SortSpec::full::<K>())]);
@@ -244,20 +248,26 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
                     reference,
                     "{what}: transformed relation differs from the CPU backend's"
                 );
-                let probe = transform(&tested, &probe_keys, &probe_payload, layout);
-                let expected = expected_matches(&build_keys, &probe_keys);
-                let mut spaces = vec![(Space::Transformed, Space::Transformed), (Space::Original, Space::Original)];
-                if !large {
-                    spaces.push((Space::Transformed, Space::Original));
-                }
-                for spaces in spaces {
-                    let actual = matches_as_rows(&tested, &build, &probe, spaces);
-                    assert!(
-                        actual == expected,
-                        "{what}, {spaces:?}: {} matches, expected {}",
-                        actual.len(),
-                        expected.len()
-                    );
+                // A probe side larger than the build side, and one far smaller
+                // (a probe chunk of a large build side), which a backend may
+                // match differently.
+                for (probe_keys, probe_payload) in &probes {
+                    let probe = transform(&tested, probe_keys, probe_payload, layout);
+                    let expected = expected_matches(&build_keys, probe_keys);
+                    let mut spaces = vec![(Space::Transformed, Space::Transformed), (Space::Original, Space::Original)];
+                    if !large {
+                        spaces.push((Space::Transformed, Space::Original));
+                    }
+                    for spaces in spaces {
+                        let actual = matches_as_rows(&tested, &build, &probe, spaces);
+                        assert!(
+                            actual == expected,
+                            "{what}, {} probe rows, {spaces:?}: {} matches, expected {}",
+                            probe_keys.len(),
+                            actual.len(),
+                            expected.len()
+                        );
+                    }
                 }
             }
         }
@@ -363,7 +373,7 @@ fn check_foreign_key_gathers<B: JoinBackend>(device: &B::Device, rng: &mut StdRn
         let build_keys = keys::<u32>(rng, rows, Keys::DenseUnique);
         let probe_keys: Vec<u32> = (0..rows * 2 + 1).map(|_| build_keys[rng.random_range(0..rows)]).collect();
         let partitioned = Layout::Partitioned(PartitionSpec::for_build_rows(rows, tested.partition_target_rows()));
-        for layout in [partitioned, Layout::Sorted(tight_sort(&build_keys, &probe_keys))] {
+        for layout in [partitioned, Layout::Sorted(tight_sort(&[&build_keys, &probe_keys]))] {
             let build = transform(&tested, &build_keys, &payload(rng, rows), layout);
             let probe_payload = payload(rng, probe_keys.len());
             let probe = transform(&tested, &probe_keys, &probe_payload, layout);

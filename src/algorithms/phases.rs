@@ -1,6 +1,7 @@
 //! The algorithm-specific steps: how a relation is transformed and how
 //! matches are found. The probe side always follows the build side's layout.
 
+use datafusion::common::internal_err;
 use datafusion::error::Result;
 
 use super::Algorithm;
@@ -21,7 +22,9 @@ pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
     match algorithm {
         Algorithm::PartitionedHash => {
             let spec = PartitionSpec::for_build_rows(backend.len(keys), backend.partition_target_rows());
-            backend.partition(keys, payloads, with_row_ids, spec)
+            let mut relation = backend.partition(keys, payloads, with_row_ids, spec)?;
+            relation.hash_tables = Some(backend.hash_tables(&relation)?);
+            Ok(relation)
         }
         Algorithm::SortMerge => backend.sort(keys, payloads, with_row_ids, encoder.sort_spec::<K>()),
     }
@@ -41,7 +44,8 @@ pub(crate) fn transform_probe<B: JoinBackend, K: NormalizedKey>(
     }
 }
 
-/// Candidate pairs: hash tables per co-partition, or a merge of sorted runs.
+/// Candidate pairs: the build side's hash tables per co-partition, or a
+/// merge of sorted runs.
 pub(crate) fn find_matches<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     build: &Transformed<B, K>,
@@ -49,7 +53,10 @@ pub(crate) fn find_matches<B: JoinBackend, K: NormalizedKey>(
     spaces: (Space, Space),
 ) -> Result<Candidates<B>> {
     match build.layout {
-        Layout::Partitioned(_) => backend.hash_match(build, probe, spaces),
+        Layout::Partitioned(_) => match &build.hash_tables {
+            Some(tables) => backend.hash_match(build, tables, probe, spaces),
+            None => internal_err!("a partitioned build side without hash tables"),
+        },
         Layout::Sorted(_) => backend.merge_match(build, probe, spaces),
     }
 }

@@ -271,6 +271,9 @@ pub struct Transformed<B: JoinBackend, K: NormalizedKey> {
     pub offsets: B::Vector<u32>,
     pub layout: Layout,
     pub rows: usize,
+    /// A partitioned build side's hash tables, built once for the matches
+    /// of every probe chunk.
+    pub hash_tables: Option<B::HashTables>,
 }
 
 /// Candidate pairs from match finding, in the requested spaces.
@@ -293,6 +296,8 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// A set of per-position flags that several probe partitions may set
     /// concurrently (matched probe rows, visited build rows).
     type Flags: Send + Sync;
+    /// The hash tables of a partitioned build side's co-partitions.
+    type HashTables: Send + Sync;
 
     /// Where payloads are gathered from when the session leaves it to the
     /// backend (`gpu_join.materialization = auto`).
@@ -386,11 +391,17 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     ) -> Result<Transformed<Self, K>>;
 
     // ---- match ----
-    /// Every pair of equal keys within co-partitions. A side asked for in
-    /// [`Space::Original`] must have row ids.
+    /// Hash tables of the co-partitions of a partitioned build side: built
+    /// once, so that the match of each probe chunk only reads them.
+    fn hash_tables<K: NormalizedKey>(&self, build: &Transformed<Self, K>) -> Result<Self::HashTables>;
+
+    /// Every pair of equal keys within co-partitions, `tables` being the
+    /// build side's. A side asked for in [`Space::Original`] must have row
+    /// ids.
     fn hash_match<K: NormalizedKey>(
         &self,
         build: &Transformed<Self, K>,
+        tables: &Self::HashTables,
         probe: &Transformed<Self, K>,
         spaces: (Space, Space),
     ) -> Result<Candidates<Self>>;

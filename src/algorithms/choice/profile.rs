@@ -281,7 +281,11 @@ pub fn measure<B: JoinBackend>(backend: &B, rows: usize) -> Result<CostProfile> 
     let partitioned = |keys| backend.partition(keys, &[], false, partition_spec);
     let sorted = |keys| backend.sort(keys, &[], false, sort_spec);
     let (build_p, probe_p) = (partitioned(&build)?, partitioned(&probe)?);
-    let hash_row_ns = per(time(backend, || backend.hash_match(&build_p, &probe_p, spaces))?, 3.0 * n);
+    // A join of one probe chunk: the build side's tables, then the match.
+    let hash_join = |build: &Transformed<B, u32>, probe: &Transformed<B, u32>| {
+        backend.hash_match(build, &backend.hash_tables(build)?, probe, spaces)
+    };
+    let hash_row_ns = per(time(backend, || hash_join(&build_p, &probe_p))?, 3.0 * n);
     let (build_s, probe_s) = (sorted(&build)?, sorted(&probe)?);
     let merge_row_ns = per(time(backend, || backend.merge_match(&build_s, &probe_s, spaces))?, 2.0 * n);
     drop((build_p, probe_p, build_s, probe_s));
@@ -298,7 +302,7 @@ pub fn measure<B: JoinBackend>(backend: &B, rows: usize) -> Result<CostProfile> 
     let dup_spec = PartitionSpec::for_build_rows(distinct * run, backend.partition_target_rows());
     let (build_p, probe_p): (Transformed<B, u32>, Transformed<B, u32>) =
         (backend.partition(&dup_build, &[], false, dup_spec)?, backend.partition(&dup_probe, &[], false, dup_spec)?);
-    let dup_hash = time(backend, || backend.hash_match(&build_p, &probe_p, spaces))?;
+    let dup_hash = time(backend, || hash_join(&build_p, &probe_p))?;
     let hash_step_ns = per(dup_hash - hash_row_ns * (dup_rows + pairs), dup_rows * (run as f64 - 1.0));
     let dup_sort = SortSpec::for_value_bits::<u32>(8);
     let (build_s, probe_s) =

@@ -23,8 +23,49 @@ fn bucket<K: NormalizedKey>(key: K, mask: usize) -> usize {
     ((key.to_u64().wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 32) as usize) & mask
 }
 
+/// A chained hash table per build co-partition, in the order of the
+/// partitions (the unmatchable partition has none).
+pub struct ChainedTables {
+    tables: Vec<ChainedTable>,
+}
+
+struct ChainedTable {
+    mask: usize,
+    /// The first build row (within the co-partition) of each bucket.
+    heads: Vec<u32>,
+    /// The next build row of the same bucket after each build row.
+    next: Vec<u32>,
+}
+
+impl ChainedTable {
+    fn new<K: NormalizedKey>(build: &[K]) -> Self {
+        let mask = build.len().next_power_of_two() * 2 - 1;
+        let mut heads = vec![END_OF_CHAIN; mask + 1];
+        let mut next = vec![END_OF_CHAIN; build.len()];
+        // Inserting in reverse makes every chain list build rows in ascending order.
+        for (i, key) in build.iter().enumerate().rev() {
+            let b = bucket(*key, mask);
+            next[i] = heads[b];
+            heads[b] = i as u32;
+        }
+        Self { mask, heads, next }
+    }
+}
+
+pub(super) fn hash_tables<K: NormalizedKey>(build: &Transformed<CpuBackend, K>) -> Result<ChainedTables> {
+    let Layout::Partitioned(spec) = build.layout else {
+        return internal_err!("hash tables need a partitioned build side");
+    };
+    let tables = (0..spec.partitions())
+        .into_par_iter()
+        .map(|p| ChainedTable::new(&build.keys[build.offsets[p] as usize..build.offsets[p + 1] as usize]))
+        .collect();
+    Ok(ChainedTables { tables })
+}
+
 pub(super) fn hash_match<K: NormalizedKey>(
     build: &Transformed<CpuBackend, K>,
+    tables: &ChainedTables,
     probe: &Transformed<CpuBackend, K>,
 ) -> Result<Pairs> {
     let (Layout::Partitioned(build_spec), Layout::Partitioned(probe_spec)) = (build.layout, probe.layout) else {
@@ -33,13 +74,17 @@ pub(super) fn hash_match<K: NormalizedKey>(
     if build_spec != probe_spec {
         return internal_err!("hash_match: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
     }
+    let partitions = build_spec.partitions();
+    if tables.tables.len() != partitions {
+        return internal_err!("hash_match: {} hash tables for {partitions} partitions", tables.tables.len());
+    }
     // The last partition holds unmatchable keys and is skipped.
-    let per_partition: Vec<Pairs> = (0..build_spec.partitions())
+    let per_partition: Vec<Pairs> = (0..partitions)
         .into_par_iter()
         .map(|p| {
             let (b0, b1) = (build.offsets[p] as usize, build.offsets[p + 1] as usize);
             let (p0, p1) = (probe.offsets[p] as usize, probe.offsets[p + 1] as usize);
-            join_co_partition(&build.keys[b0..b1], b0 as u32, &probe.keys[p0..p1], p0 as u32)
+            join_co_partition(&build.keys[b0..b1], &tables.tables[p], b0 as u32, &probe.keys[p0..p1], p0 as u32)
         })
         .collect();
     let total = per_partition.iter().map(|p| p.build.len()).sum();
@@ -51,28 +96,25 @@ pub(super) fn hash_match<K: NormalizedKey>(
     Ok(pairs)
 }
 
-fn join_co_partition<K: NormalizedKey>(build: &[K], build_base: u32, probe: &[K], probe_base: u32) -> Pairs {
+fn join_co_partition<K: NormalizedKey>(
+    build: &[K],
+    table: &ChainedTable,
+    build_base: u32,
+    probe: &[K],
+    probe_base: u32,
+) -> Pairs {
     let mut pairs = Pairs { build: vec![], probe: vec![] };
-    if build.is_empty() || probe.is_empty() {
+    if build.is_empty() {
         return pairs;
     }
-    let mask = build.len().next_power_of_two() * 2 - 1;
-    let mut heads = vec![END_OF_CHAIN; mask + 1];
-    let mut next = vec![END_OF_CHAIN; build.len()];
-    // Inserting in reverse makes every chain list build rows in ascending order.
-    for (i, key) in build.iter().enumerate().rev() {
-        let b = bucket(*key, mask);
-        next[i] = heads[b];
-        heads[b] = i as u32;
-    }
     for (j, key) in probe.iter().enumerate() {
-        let mut i = heads[bucket(*key, mask)];
+        let mut i = table.heads[bucket(*key, table.mask)];
         while i != END_OF_CHAIN {
             if build[i as usize] == *key {
                 pairs.build.push(build_base + i);
                 pairs.probe.push(probe_base + j as u32);
             }
-            i = next[i as usize];
+            i = table.next[i as usize];
         }
     }
     pairs

@@ -25,6 +25,7 @@ use super::{
     TransferMemory, Transformed, positions_to_indices, value_width,
 };
 use crate::keys::NormalizedKey;
+pub use matching::ChainedTables;
 
 /// Build partitions of about this many rows keep each co-partition's hash
 /// table in a core's private cache.
@@ -48,6 +49,7 @@ impl JoinBackend for CpuBackend {
     type Column = ArrayRef;
     type Flags = Vec<AtomicBool>;
     type Device = ();
+    type HashTables = ChainedTables;
 
     /// Gathering by row id skips permuting every payload column, which on
     /// a CPU costs more than the less clustered gather saves.
@@ -151,13 +153,18 @@ impl JoinBackend for CpuBackend {
         transform::sort(keys, payloads, with_row_ids, spec)
     }
 
+    fn hash_tables<K: NormalizedKey>(&self, build: &Transformed<Self, K>) -> Result<ChainedTables> {
+        matching::hash_tables(build)
+    }
+
     fn hash_match<K: NormalizedKey>(
         &self,
         build: &Transformed<Self, K>,
+        tables: &ChainedTables,
         probe: &Transformed<Self, K>,
         spaces: (Space, Space),
     ) -> Result<Candidates<Self>> {
-        let pairs = matching::hash_match(build, probe)?;
+        let pairs = matching::hash_match(build, tables, probe)?;
         matching::into_spaces(pairs, build, probe, spaces)
     }
 

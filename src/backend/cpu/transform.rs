@@ -82,5 +82,6 @@ fn permute<K: NormalizedKey>(
         payloads,
         offsets,
         layout,
+        hash_tables: None,
     })
 }

@@ -26,7 +26,7 @@ const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 39] = [
+pub(crate) const KERNEL_NAMES: [&str; 47] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -41,11 +41,19 @@ pub(crate) const KERNEL_NAMES: [&str; 39] = [
     "partition_offsets_u64",
     "sorted_offsets_u32",
     "sorted_offsets_u64",
-    "hash_first_u32",
-    "hash_first_u64",
-    "hash_second_u32",
-    "hash_second_u64",
+    "build_tables_u32",
+    "build_tables_u64",
+    "hash_first_shared_u32",
+    "hash_first_shared_u64",
+    "hash_first_kept_u32",
+    "hash_first_kept_u64",
+    "hash_second_shared_u32",
+    "hash_second_shared_u64",
+    "hash_second_kept_u32",
+    "hash_second_kept_u64",
     "hash_misplaced",
+    "plan_piece_counts",
+    "plan_pieces",
     "plan_unit_counts",
     "plan_units",
     "merge_splits_u32",

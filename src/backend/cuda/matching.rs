@@ -1,12 +1,15 @@
 //! Match phase on the GPU.
 //!
-//! Partitioned hash join: the host plans work units from the partition
-//! offsets (a co-partition, or a piece of one when its build side exceeds a
-//! shared-memory hash table or its probe side is long), then one block per
-//! unit builds the table and streams the probe rows through it. A unit with
-//! unique build keys writes its matches in its first launch, into its own
-//! probe rows' range; when that leaves every match in place (a foreign-key
-//! join where each probe row matches) no second launch runs.
+//! Partitioned hash join: the build side is cut once into pieces (a
+//! co-partition, or a part of one when it exceeds a shared-memory hash
+//! table). Each probe chunk's match plans work units (a piece and a slice
+//! of its probe partition), and one block per unit streams its probe rows
+//! through the piece's table: built by the unit in shared memory, or, for
+//! a chunk with few probe rows for the build side's size, built once for
+//! every such chunk and kept in device memory. A unit with unique build keys writes its matches in
+//! its first launch, into its own probe rows' range; when that leaves every
+//! match in place (a foreign-key join where each probe row matches) no
+//! second launch runs.
 //!
 //! Sort-merge join: a sorted search by merge path gives each probe row the
 //! lower bound of its run of equal build keys. A foreign-key join (every
@@ -14,8 +17,10 @@
 //! the upper bounds, the run lengths are scanned and a load-balancing
 //! search writes the pairs.
 
-use datafusion::common::internal_err;
-use datafusion::error::Result;
+use std::sync::Mutex;
+
+use datafusion::common::{exec_datafusion_err, internal_err};
+use datafusion::error::{DataFusionError, Result};
 
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
@@ -33,8 +38,15 @@ pub(super) fn table_limit(max_shared_bytes: u32) -> u32 {
     TABLE_BYTES.min(max_shared_bytes)
 }
 
-/// Kernels whose blocks use a work unit's table in dynamic shared memory.
-pub(super) const TABLE_KERNELS: [&str; 4] = ["hash_first_u32", "hash_first_u64", "hash_second_u32", "hash_second_u64"];
+/// Kernels whose blocks hold a piece's table in dynamic shared memory.
+pub(super) const TABLE_KERNELS: [&str; 6] = [
+    "build_tables_u32",
+    "build_tables_u64",
+    "hash_first_shared_u32",
+    "hash_first_shared_u64",
+    "hash_second_shared_u32",
+    "hash_second_shared_u64",
+];
 
 /// Hash table slots for `build_rows` rows (load factor at most 3/4); the
 /// kernel computes the same.
@@ -46,12 +58,17 @@ fn table_slots(build_rows: u32) -> u32 {
     slots
 }
 
+/// Bytes of a table per slot (ENTRY_BYTES in match.cu).
+fn entry_bytes<K: NormalizedKey>() -> u64 {
+    size_of::<K>() as u64 + 4
+}
+
 fn table_bytes<K: NormalizedKey>(build_rows: u32) -> u32 {
-    table_slots(build_rows) * (size_of::<K>() as u32 + 4)
+    table_slots(build_rows) * entry_bytes::<K>() as u32
 }
 
 /// Most build rows whose table fits `limit` bytes.
-fn build_rows_per_unit<K: NormalizedKey>(limit: u32) -> u32 {
+fn build_rows_per_piece<K: NormalizedKey>(limit: u32) -> u32 {
     let mut rows = 1u32;
     while table_bytes::<K>(rows * 2) <= limit {
         rows *= 2;
@@ -62,7 +79,13 @@ fn build_rows_per_unit<K: NormalizedKey>(limit: u32) -> u32 {
 }
 
 /// u32 fields of a work unit (WorkUnit in match.cu).
-const UNIT_FIELDS: usize = 5;
+const UNIT_FIELDS: usize = 4;
+/// u64 words of a piece (Piece in match.cu).
+const PIECE_WORDS: usize = 3;
+/// Bytes a probe row's walk reads from a table kept in device memory: one
+/// sector. Reading kept tables costs a chunk's probe rows this much each;
+/// building them in shared memory costs about the tables' bytes.
+const PROBE_READ_BYTES: u64 = 32;
 /// Items of the merged order per block of the sorted search, and output
 /// pairs per block of the expansion (SEARCH_TILE, EXPAND_TILE in match.cu).
 const SEARCH_TILE: u64 = 256 * 12;
@@ -87,6 +110,22 @@ enum Bound<'a> {
     Upper { lower: &'a DeviceBuffer<u32>, counts: &'a DeviceBuffer<u64> },
 }
 
+/// The hash tables of a partitioned build side: one per piece of a
+/// co-partition. Kept in device memory once a probe chunk with few rows for
+/// the build side's size needs them, and read by every such chunk's match.
+pub struct CudaHashTables {
+    /// The first piece of each build partition, and the number of pieces.
+    piece_offsets: DeviceBuffer<u64>,
+    /// The pieces (Piece in match.cu).
+    pieces: DeviceBuffer<u64>,
+    /// Every piece's table, end to end, once built.
+    kept: Mutex<Option<DeviceBuffer<u64>>>,
+    /// Slots of every table together.
+    slots: u64,
+    /// Bytes of the largest table.
+    largest_table: u32,
+}
+
 impl CudaBackend {
     fn row_ids_for<K: NormalizedKey>(relation: &Transformed<CudaBackend, K>, space: Space, side: &str) -> Result<u64> {
         match (space, &relation.row_ids) {
@@ -96,9 +135,66 @@ impl CudaBackend {
         }
     }
 
+    pub(super) fn hash_tables_of<K: NormalizedKey>(
+        &self,
+        build: &Transformed<CudaBackend, K>,
+    ) -> Result<CudaHashTables> {
+        let Layout::Partitioned(spec) = build.layout else {
+            return internal_err!("hash tables need a partitioned build side");
+        };
+        let max_build_rows = build_rows_per_piece::<K>(table_limit(self.instance.device.max_shared_bytes));
+        let partitions = spec.partitions();
+        // Pieces and slots per partition, scanned (one extra zero each
+        // becomes the total), then the pieces themselves.
+        let piece_offsets = DeviceBuffer::<u64>::filled(&self.instance, partitions + 1, 0, "pieces per partition")?;
+        let slot_offsets = DeviceBuffer::<u64>::filled(&self.instance, partitions + 1, 0, "table slots per partition")?;
+        let largest_piece = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "largest piece")?;
+        let plan_args = [Arg::from(build.offsets.pointer()), (partitions as u32).into(), max_build_rows.into()];
+        let counts = [piece_offsets.pointer().into(), slot_offsets.pointer().into(), largest_piece.pointer().into()];
+        self.launch("plan_piece_counts", partitions as u64, 0, &[&plan_args[..], &counts].concat())?;
+        let piece_count = self.exclusive_scan(&piece_offsets)?.read()? as usize;
+        let slots = self.exclusive_scan(&slot_offsets)?.read()?;
+        let largest_table = table_bytes::<K>(largest_piece.download_at(0, "the largest piece")?);
+        let pieces = DeviceBuffer::<u64>::alloc(&self.instance, piece_count * PIECE_WORDS, "pieces")?;
+        let outputs = [piece_offsets.pointer().into(), slot_offsets.pointer().into(), pieces.pointer().into()];
+        self.launch("plan_pieces", partitions as u64, 0, &[&plan_args[..], &outputs].concat())?;
+        Ok(CudaHashTables { piece_offsets, pieces, kept: Mutex::new(None), slots, largest_table })
+    }
+
+    /// Where the build side's tables are kept, built on the first call. Out
+    /// of device memory, `None`: the units build their tables themselves.
+    /// The build side's device estimate leaves them out for that reason:
+    /// they speed a join up where memory allows, and never make one fail.
+    fn kept_tables<K: NormalizedKey>(
+        &self,
+        build: &Transformed<CudaBackend, K>,
+        tables: &CudaHashTables,
+    ) -> Result<Option<u64>> {
+        let mut kept = tables.kept.lock().map_err(|_| exec_datafusion_err!("GPU join: hash tables poisoned"))?;
+        if let Some(kept) = kept.as_ref() {
+            return Ok(Some(kept.pointer()));
+        }
+        let slots = tables.slots;
+        let words = usize::try_from(slots * entry_bytes::<K>() / 8)
+            .map_err(|_| exec_datafusion_err!("GPU join: {slots} hash table slots are too many"))?;
+        let buffer = match DeviceBuffer::<u64>::alloc(&self.instance, words, "kept hash tables") {
+            Ok(buffer) => buffer,
+            Err(DataFusionError::ResourcesExhausted(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let pieces = tables.pieces.len() / PIECE_WORDS;
+        let args = [Arg::from(build.keys.pointer()), tables.pieces.pointer().into(), buffer.pointer().into()];
+        let kernel = self.kernel_name::<K>("build_tables");
+        self.launch_blocks(&kernel, pieces as u64, tables.largest_table, build.rows as u64, &args)?;
+        // Other partitions' streams read them from here on.
+        self.synchronize("building the kept hash tables")?;
+        Ok(Some(kept.insert(buffer).pointer()))
+    }
+
     pub(super) fn hash_match_keys<K: NormalizedKey>(
         &self,
         build: &Transformed<CudaBackend, K>,
+        tables: &CudaHashTables,
         probe: &Transformed<CudaBackend, K>,
         (build_space, probe_space): (Space, Space),
     ) -> Result<Candidates<CudaBackend>> {
@@ -108,31 +204,32 @@ impl CudaBackend {
         if build_spec != probe_spec {
             return internal_err!("hash_match: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
         }
-        let limit = table_limit(self.instance.device.max_shared_bytes);
-        let max_build_rows = build_rows_per_unit::<K>(limit);
         let partitions = build_spec.partitions();
         // Plan the units: counts per co-partition, scanned (one extra zero
         // becomes the total), then the units themselves.
         let unit_counts = DeviceBuffer::<u64>::filled(&self.instance, partitions + 1, 0, "work units per partition")?;
-        let largest_build = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "largest work unit")?;
         let plan_args = [
-            Arg::from(build.offsets.pointer()),
+            Arg::from(tables.piece_offsets.pointer()),
             probe.offsets.pointer().into(),
             (partitions as u32).into(),
-            max_build_rows.into(),
             PROBE_SLICE_ROWS.into(),
+            unit_counts.pointer().into(),
         ];
-        let args = [&plan_args[..], &[unit_counts.pointer().into(), largest_build.pointer().into()]].concat();
-        self.launch("plan_unit_counts", partitions as u64, 0, &args)?;
-        self.exclusive_scan(&unit_counts)?;
-        let unit_count = unit_counts.download_at(partitions, "the number of work units")? as usize;
+        self.launch("plan_unit_counts", partitions as u64, 0, &plan_args)?;
+        let unit_count = self.exclusive_scan(&unit_counts)?.read()? as usize;
         if unit_count == 0 {
             return self.empty_candidates();
         }
-        let shared = table_bytes::<K>(largest_build.download_at(0, "the largest work unit")?);
         let units = DeviceBuffer::<u32>::alloc(&self.instance, unit_count * UNIT_FIELDS, "work units")?;
-        let args = [&plan_args[..], &[unit_counts.pointer().into(), units.pointer().into()]].concat();
-        self.launch("plan_units", partitions as u64, 0, &args)?;
+        self.launch("plan_units", partitions as u64, 0, &[&plan_args[..], &[units.pointer().into()]].concat())?;
+        // Kept tables pay when the chunk's probe rows read less from them
+        // than building the tables would take.
+        let few_probe_rows = (probe.rows as u64) * PROBE_READ_BYTES < tables.slots * entry_bytes::<K>();
+        let kept = if few_probe_rows { self.kept_tables(build, tables)? } else { None };
+        let (mode, shared, kept) = match kept {
+            Some(pointer) => ("kept", 0, pointer),
+            None => ("shared", tables.largest_table, 0),
+        };
         let (build_ids, probe_ids) =
             (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
         let mut direct_build = DeviceBuffer::<u32>::alloc(&self.instance, probe.rows, "matched build positions")?;
@@ -142,7 +239,9 @@ impl CudaBackend {
         let unit_written = DeviceBuffer::<u32>::alloc(&self.instance, unit_count, "work units written")?;
         // What both match launches read first, in their order.
         let unit_args = [
-            Arg::from(build.keys.pointer()),
+            Arg::from(tables.pieces.pointer()),
+            kept.into(),
+            build.keys.pointer().into(),
             probe.keys.pointer().into(),
             units.pointer().into(),
             build_ids.into(),
@@ -151,7 +250,8 @@ impl CudaBackend {
             direct_probe.pointer().into(),
         ];
         let args = [&unit_args[..], &[unit_matches.pointer().into(), unit_written.pointer().into()]].concat();
-        self.launch_blocks(&self.kernel_name::<K>("hash_first"), unit_count as u64, shared, probe.rows as u64, &args)?;
+        let kernel = self.kernel_name::<K>(&format!("hash_first_{mode}"));
+        self.launch_blocks(&kernel, unit_count as u64, shared, probe.rows as u64, &args)?;
         self.exclusive_scan(&unit_matches)?;
         let misplaced = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "misplaced work units")?;
         let args = [
@@ -187,7 +287,8 @@ impl CudaBackend {
             ],
         ]
         .concat();
-        self.launch_blocks(&self.kernel_name::<K>("hash_second"), unit_count as u64, shared, probe.rows as u64, &args)?;
+        let kernel = self.kernel_name::<K>(&format!("hash_second_{mode}"));
+        self.launch_blocks(&kernel, unit_count as u64, shared, probe.rows as u64, &args)?;
         Ok(Candidates { build: out_build, probe: out_probe })
     }
 
@@ -279,10 +380,10 @@ mod tests {
     #[test]
     fn tables_fit_their_budget_and_keep_a_quarter_free() {
         for limit in [48 * 1024, 96 * 1024, 227 * 1024] {
-            let rows = build_rows_per_unit::<u64>(limit);
+            let rows = build_rows_per_piece::<u64>(limit);
             assert!(table_bytes::<u64>(rows) <= limit, "{rows} rows in {limit} bytes");
             assert!(u64::from(table_slots(rows)) * 3 >= u64::from(rows) * 4);
         }
-        assert_eq!(build_rows_per_unit::<u32>(96 * 1024), 6144);
+        assert_eq!(build_rows_per_piece::<u32>(96 * 1024), 6144);
     }
 }

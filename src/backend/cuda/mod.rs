@@ -22,6 +22,7 @@ use datafusion::error::Result;
 pub use column::CudaColumn;
 pub use device::CudaDevice;
 pub use kernels::compile_kernels;
+pub use matching::CudaHashTables;
 pub use memory::DeviceBuffer;
 
 use super::{
@@ -126,6 +127,7 @@ impl JoinBackend for CudaBackend {
     type Column = CudaColumn;
     type Flags = DeviceBuffer<u8>;
     type Device = Arc<CudaDevice>;
+    type HashTables = CudaHashTables;
 
     /// GFTR: the GFTR paper finds it best for most joins on GPUs.
     const PREFERRED_GATHER_SPACE: Space = Space::Transformed;
@@ -221,13 +223,18 @@ impl JoinBackend for CudaBackend {
         self.transform(keys, payloads, with_row_ids, Digits::Key(spec))
     }
 
+    fn hash_tables<K: NormalizedKey>(&self, build: &Transformed<Self, K>) -> Result<CudaHashTables> {
+        self.hash_tables_of(build)
+    }
+
     fn hash_match<K: NormalizedKey>(
         &self,
         build: &Transformed<Self, K>,
+        tables: &CudaHashTables,
         probe: &Transformed<Self, K>,
         spaces: (Space, Space),
     ) -> Result<Candidates<Self>> {
-        self.hash_match_keys(build, probe, spaces)
+        self.hash_match_keys(build, tables, probe, spaces)
     }
 
     fn merge_match<K: NormalizedKey>(

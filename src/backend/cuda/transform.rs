@@ -255,6 +255,7 @@ impl CudaBackend {
             offsets,
             layout,
             rows: keys.len(),
+            hash_tables: None,
         })
     }
 }
