@@ -6,10 +6,10 @@
 //! of its probe partition), and one block per unit streams its probe rows
 //! through the piece's table: built by the unit in shared memory, or, for
 //! a chunk with few probe rows for the build side's size, built once for
-//! every such chunk and kept in device memory. A unit with unique build keys writes its matches in
-//! its first launch, into its own probe rows' range; when that leaves every
-//! match in place (a foreign-key join where each probe row matches) no
-//! second launch runs.
+//! every such chunk and kept in device memory. A unit with unique build
+//! keys writes its matches in its first launch, into its own probe rows'
+//! range; when that leaves every match in place (a foreign-key join where
+//! each probe row matches) no second launch runs.
 //!
 //! Sort-merge join: a sorted search by merge path gives each probe row the
 //! lower bound of its run of equal build keys. A foreign-key join (every
@@ -226,7 +226,7 @@ impl CudaBackend {
         // than building the tables would take.
         let few_probe_rows = (probe.rows as u64) * PROBE_READ_BYTES < tables.slots * entry_bytes::<K>();
         let kept = if few_probe_rows { self.kept_tables(build, tables)? } else { None };
-        let (mode, shared, kept) = match kept {
+        let (mode, shared, kept_at) = match kept {
             Some(pointer) => ("kept", 0, pointer),
             None => ("shared", tables.largest_table, 0),
         };
@@ -240,7 +240,7 @@ impl CudaBackend {
         // What both match launches read first, in their order.
         let unit_args = [
             Arg::from(tables.pieces.pointer()),
-            kept.into(),
+            kept_at.into(),
             build.keys.pointer().into(),
             probe.keys.pointer().into(),
             units.pointer().into(),
