@@ -171,28 +171,32 @@ fn expected_matches<K: NormalizedKey>(build: &[K], probe: &[K]) -> Vec<(u32, u32
     pairs
 }
 
-/// The match of the relations' layout: hash tables or a merge.
+/// The match of the relations' layout: hash tables (`tables`, or built
+/// for this match) or a merge.
 fn find_matches<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     build: &Transformed<B, K>,
+    tables: Option<&B::HashTables>,
     probe: &Transformed<B, K>,
     spaces: (Space, Space),
 ) -> Candidates<B> {
-    match build.layout {
-        Layout::Partitioned(_) => {
+    match (build.layout, tables) {
+        (Layout::Partitioned(_), Some(tables)) => backend.hash_match(build, tables, probe, spaces).unwrap(),
+        (Layout::Partitioned(_), None) => {
             backend.hash_match(build, &backend.hash_tables(build).unwrap(), probe, spaces).unwrap()
         }
-        Layout::Sorted(_) => backend.merge_match(build, probe, spaces).unwrap(),
+        (Layout::Sorted(_), _) => backend.merge_match(build, probe, spaces).unwrap(),
     }
 }
 
 fn matches_as_rows<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     build: &Transformed<B, K>,
+    tables: Option<&B::HashTables>,
     probe: &Transformed<B, K>,
     spaces: (Space, Space),
 ) -> Vec<(u32, u32)> {
-    let candidates = find_matches(backend, build, probe, spaces);
+    let candidates = find_matches(backend, build, tables, probe, spaces);
     let rows = |positions: &B::Vector<u32>, relation: &Transformed<B, K>, space: Space| -> Vec<u32> {
         let positions = backend.download(positions).unwrap();
         match space {
@@ -214,7 +218,7 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
     for &rows in &sizes() {
         for kind in [Keys::DenseUnique, Keys::FewDistinct, Keys::Skewed, Keys::WithUnmatchable] {
             let (build_keys, build_payload) = (keys::<K>(rng, rows, kind), payload(rng, rows));
-            let probes: Vec<(Vec<K>, ArrayRef)> = [rows + rows / 3 + 1, rows / 16 + 1]
+            let probes: Vec<(Vec<K>, ArrayRef)> = [rows + rows / 3 + 1, rows / 16 + 1, rows / 16 + 1]
                 .into_iter()
                 .map(|probe_rows| (keys::<K>(rng, probe_rows, kind), payload(rng, probe_rows)))
                 .collect();
@@ -228,7 +232,7 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
             if large && !matches!(kind, Keys::WithUnmatchable) {
                 continue;
             }
-            let tight = Layout::Sorted(tight_sort(&[&build_keys, &probes[0].0, &probes[1].0]));
+            let tight = Layout::Sorted(tight_sort(&[&build_keys, &probes[0].0, &probes[1].0, &probes[2].0]));
             let mut layouts = vec![Layout::Partitioned(PartitionSpec { bits }), tight];
             if !large {
                 layouts.extend([Layout::Partitioned(PartitionSpec { bits: 0 }), Layout::Sorted(SortSpec::full::<K>())]);
@@ -248,9 +252,12 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
                     reference,
                     "{what}: transformed relation differs from the CPU backend's"
                 );
-                // A probe side larger than the build side, and one far smaller
-                // (a probe chunk of a large build side), which a backend may
-                // match differently.
+                // One build side's tables serve every probe side below, as
+                // they serve a join's probe chunks: a probe side larger than
+                // the build side, then two far smaller ones (probe chunks of a
+                // large build side), which a backend may match differently,
+                // the second through what the first left built.
+                let tables = matches!(layout, Layout::Partitioned(_)).then(|| tested.hash_tables(&build).unwrap());
                 for (probe_keys, probe_payload) in &probes {
                     let probe = transform(&tested, probe_keys, probe_payload, layout);
                     let expected = expected_matches(&build_keys, probe_keys);
@@ -259,7 +266,7 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
                         spaces.push((Space::Transformed, Space::Original));
                     }
                     for spaces in spaces {
-                        let actual = matches_as_rows(&tested, &build, &probe, spaces);
+                        let actual = matches_as_rows(&tested, &build, tables.as_ref(), &probe, spaces);
                         assert!(
                             actual == expected,
                             "{what}, {} probe rows, {spaces:?}: {} matches, expected {}",
@@ -377,7 +384,7 @@ fn check_foreign_key_gathers<B: JoinBackend>(device: &B::Device, rng: &mut StdRn
             let build = transform(&tested, &build_keys, &payload(rng, rows), layout);
             let probe_payload = payload(rng, probe_keys.len());
             let probe = transform(&tested, &probe_keys, &probe_payload, layout);
-            let matches = find_matches(&tested, &build, &probe, (Space::Transformed, Space::Transformed));
+            let matches = find_matches(&tested, &build, None, &probe, (Space::Transformed, Space::Transformed));
             let positions = tested.download(&matches.probe).unwrap();
             assert_eq!(positions.len(), probe_keys.len(), "{rows} rows, {layout:?}: every probe row matches once");
             let gathered = tested.gather_column(&probe.payloads[0], &matches.probe, false).unwrap();
