@@ -47,3 +47,28 @@ extern "C" __global__ void sequence(u32* out, u64 n) {
     const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
     if (i < n) out[i] = (u32)i;
 }
+
+// out[positions[i]] = values[i]. `seen`, unless null (positions known to be
+// a permutation), holds one bit per position and, in word (n + 31) / 32, a
+// flag set when a position is out of range (null) or met twice: n
+// positions without either fill all n slots once.
+extern "C" __global__ void scatter_permutation(const u32* positions, const u32* values, u64 n, u32* seen, u32* out) {
+    const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= n) return;
+    const u32 p = positions[i];
+    if (!seen) {
+        out[p] = values[i];
+        return;
+    }
+    u32* clash = seen + (n + 31) / 32;
+    if (p == NULL_POSITION || (u64)p >= n) {
+        *clash = 1;
+        return;
+    }
+    const u32 bit = 1u << (p & 31);
+    if (atomicOr(&seen[p >> 5], bit) & bit) {
+        *clash = 1;
+        return;
+    }
+    out[p] = values[i];
+}

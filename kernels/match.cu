@@ -431,14 +431,16 @@ __device__ void hash_second(const Piece* pieces, const u64* tables, const K* bui
                        &found_in_unit);
 }
 
-// Sets *misplaced when some unit's matches are not yet at their final place
-// in the first launch's output (unit_offsets as in hash_second).
+// summary[0] = the number of matches; summary[1] is set when some unit's
+// matches are not yet at their final place in the first launch's output
+// (unit_offsets as in hash_second). One read back gives both.
 extern "C" __global__ void hash_misplaced(const WorkUnit* units, u32 unit_count, const u64* unit_offsets,
-                                          const u32* unit_written, u32* misplaced) {
+                                          const u32* unit_written, u64* summary) {
     const u32 u = blockIdx.x * BLOCK + threadIdx.x;
     if (u >= unit_count) return;
+    if (u == 0) summary[0] = unit_offsets[unit_count];
     const u64 offset = unit_offsets[u];
-    if (unit_offsets[u + 1] != offset && (!unit_written[u] || offset != units[u].probe_begin)) *misplaced = 1;
+    if (unit_offsets[u + 1] != offset && (!unit_written[u] || offset != units[u].probe_begin)) summary[1] = 1;
 }
 
 // ---- merge match ----

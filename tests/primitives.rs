@@ -355,6 +355,8 @@ fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng)
             "sort_pairs is stable"
         );
 
+        check_scatter_permutation(&tested, rng, rows);
+
         let flags = tested.new_flags(rows).unwrap();
         tested.set_flags(&flags, &device_positions).unwrap();
         let mut expected = vec![false; rows];
@@ -365,6 +367,40 @@ fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng)
         assert_eq!(tested.download(&tested.flagged(&flags, true).unwrap()).unwrap(), set);
         assert_eq!(tested.download(&tested.flagged(&flags, false).unwrap()).unwrap(), unset);
     }
+}
+
+/// A permutation scatters its values into place; positions that are not
+/// one (a position twice, a null one, one out of range, one too few) give
+/// `None`.
+fn check_scatter_permutation<B: JoinBackend>(tested: &B, rng: &mut StdRng, rows: usize) {
+    let mut permutation: Vec<u32> = (0..rows as u32).collect();
+    permutation.shuffle(rng);
+    let values: Vec<u32> = (0..rows).map(|_| rng.random()).collect();
+    let scatter = |positions: &[u32], values: &[u32], len: usize| {
+        let scattered = tested
+            .scatter_permutation(&tested.upload(positions).unwrap(), &tested.upload(values).unwrap(), len)
+            .unwrap();
+        scattered.map(|scattered| tested.download(&scattered).unwrap())
+    };
+    let mut expected = vec![0; rows];
+    permutation.iter().zip(&values).for_each(|(&p, &v)| expected[p as usize] = v);
+    assert_eq!(scatter(&permutation, &values, rows), Some(expected), "scatter_permutation, {rows} rows");
+    if rows < 2 {
+        return;
+    }
+    let (first, second) = (rng.random_range(0..rows), rng.random_range(0..rows - 1));
+    let second = second + usize::from(second >= first);
+    let mut twice = permutation.clone();
+    twice[second] = twice[first];
+    assert_eq!(scatter(&twice, &values, rows), None, "a position twice, {rows} rows");
+    let mut with_null = permutation.clone();
+    with_null[first] = NULL_POSITION;
+    assert_eq!(scatter(&with_null, &values, rows), None, "a null position, {rows} rows");
+    let mut out_of_range = permutation.clone();
+    out_of_range[first] = rows as u32;
+    assert_eq!(scatter(&out_of_range, &values, rows), None, "a position out of range, {rows} rows");
+    let short = &permutation[..rows - 1];
+    assert_eq!(scatter(short, &values[..rows - 1], rows), None, "one position too few, {rows} rows");
 }
 
 /// A foreign-key join, every probe row matching one build row: the probe
@@ -399,6 +435,17 @@ fn check_foreign_key_gathers<B: JoinBackend>(device: &B::Device, rng: &mut StdRn
                     build_sorted[*b as usize], probe_sorted[*p as usize],
                     "{rows} rows, {layout:?}: keys differ"
                 );
+            }
+            // In original probe rows the matched positions are a
+            // permutation, which scatters the build positions into probe
+            // order (on a device, without checking when its match knows).
+            let matches = find_matches(&tested, &build, None, &probe, (Space::Transformed, Space::Original));
+            let in_probe_order = tested
+                .scatter_permutation(&matches.probe, &matches.build, probe_keys.len())
+                .unwrap()
+                .expect("every probe row matches once");
+            for (row, b) in tested.download(&in_probe_order).unwrap().into_iter().enumerate() {
+                assert_eq!(build_sorted[b as usize], probe_keys[row], "{rows} rows, {layout:?}: probe row {row}");
             }
         }
     }

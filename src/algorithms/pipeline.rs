@@ -486,7 +486,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     // once in the output: the chunk's own columns are then the output's.
     let (rows, passed_through) = match (settle, chunk.columns) {
         (Settle::ProbeChunk, ProbeColumns::AfterMatching) if !definition.probe_output_columns().is_empty() => {
-            each_probe_row_once(backend, rows, chunk.rows(), chunk.keep_probe_order)?
+            each_probe_row_once(backend, rows, chunk.rows())?
         }
         _ => (rows, false),
     };

@@ -106,12 +106,13 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
 /// rows is in them exactly once, as in a foreign-key join, and whether they
 /// were: the probe positions are then the chunk's rows in order (a
 /// sequence), so the chunk's own columns are the output's and nothing of
-/// them needs to be moved or gathered.
+/// them needs to be moved or gathered. The build positions are scattered
+/// into probe order, which also tells whether the probe positions were a
+/// permutation; pairs already in probe order scatter onto themselves.
 pub(crate) fn each_probe_row_once<B: JoinBackend>(
     backend: &B,
     rows: OutputRows<B>,
     probe_rows: usize,
-    in_probe_order: bool,
 ) -> Result<(OutputRows<B>, bool)> {
     let SideRows::Positions(probe, false) = &rows.probe else {
         return Ok((rows, false));
@@ -119,19 +120,20 @@ pub(crate) fn each_probe_row_once<B: JoinBackend>(
     if probe_rows == 0 || rows.len != probe_rows || rows.mark.is_some() {
         return Ok((rows, false));
     }
-    let flags = backend.new_flags(probe_rows)?;
-    backend.set_flags(&flags, probe)?;
-    if backend.len(&backend.flagged(&flags, true)?) != probe_rows {
-        return Ok((rows, false));
-    }
-    let sequence = backend.sequence(probe_rows)?;
-    let build = match (rows.build, rows.probe) {
-        (SideRows::Positions(build, padded), SideRows::Positions(probe, _)) if !in_probe_order => {
-            SideRows::Positions(backend.sort_pairs(&probe, &build)?.1, padded)
-        }
-        (build, _) => build,
+    // Without build positions, the probe positions' own scatter is the check.
+    let (values, padded) = match &rows.build {
+        SideRows::Positions(build, padded) => (build, Some(*padded)),
+        SideRows::Null => (probe, None),
     };
-    Ok((OutputRows { build, probe: SideRows::Positions(sequence, false), mark: None, len: probe_rows }, true))
+    let Some(scattered) = backend.scatter_permutation(probe, values, probe_rows)? else {
+        return Ok((rows, false));
+    };
+    let build = match padded {
+        Some(padded) => SideRows::Positions(scattered, padded),
+        None => SideRows::Null,
+    };
+    let probe = SideRows::Positions(backend.sequence(probe_rows)?, false);
+    Ok((OutputRows { build, probe, mark: None, len: probe_rows }, true))
 }
 
 /// Reorders pairs by probe row; flag-derived outputs are already ascending.

@@ -433,6 +433,16 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn null_positions(&self, len: usize) -> Result<Self::Vector<u32>>;
     /// `first` followed by `second`.
     fn concat(&self, first: &Self::Vector<u32>, second: &Self::Vector<u32>) -> Result<Self::Vector<u32>>;
+    /// `out` with `out[positions[i]] = values[i]` when `positions` holds
+    /// each of `0..len` exactly once, so that pairs come out in the order of
+    /// their positions without a sort; `None` when it does not (a position
+    /// twice, null or out of range, or not `len` of them).
+    fn scatter_permutation(
+        &self,
+        positions: &Self::Vector<u32>,
+        values: &Self::Vector<u32>,
+        len: usize,
+    ) -> Result<Option<Self::Vector<u32>>>;
     /// Stable sort of pairs by `keys`; returns the reordered keys and values.
     fn sort_pairs(
         &self,

@@ -15,7 +15,7 @@ use arrow::array::{ArrayData, ArrayRef, make_array};
 use arrow::buffer::MutableBuffer;
 use arrow::compute::take;
 use arrow::datatypes::DataType;
-use datafusion::common::internal_datafusion_err;
+use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
 
 use rayon::prelude::*;
@@ -211,6 +211,25 @@ impl JoinBackend for CpuBackend {
 
     fn concat(&self, first: &Vec<u32>, second: &Vec<u32>) -> Result<Vec<u32>> {
         Ok([first.as_slice(), second.as_slice()].concat())
+    }
+
+    fn scatter_permutation(&self, positions: &Vec<u32>, values: &Vec<u32>, len: usize) -> Result<Option<Vec<u32>>> {
+        if positions.len() != values.len() {
+            return internal_err!("scatter_permutation: {} positions for {} values", positions.len(), values.len());
+        }
+        if positions.len() != len {
+            return Ok(None);
+        }
+        let mut out = vec![NULL_POSITION; len];
+        let mut seen = vec![false; len];
+        for (&p, &value) in positions.iter().zip(values) {
+            match seen.get_mut(p as usize) {
+                Some(seen) if !*seen => *seen = true,
+                _ => return Ok(None),
+            }
+            out[p as usize] = value;
+        }
+        Ok(Some(out))
     }
 
     fn sort_pairs(&self, keys: &Vec<u32>, values: &Vec<u32>) -> Result<(Vec<u32>, Vec<u32>)> {

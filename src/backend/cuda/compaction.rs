@@ -1,5 +1,6 @@
-//! Prefix sums, stream compaction and flags on the GPU.
+//! Prefix sums, stream compaction, flags and permutations on the GPU.
 
+use datafusion::common::internal_err;
 use datafusion::error::Result;
 
 use super::memory::DeviceBuffer;
@@ -92,5 +93,42 @@ impl CudaBackend {
             &[flag_data.into(), rows.into(), wanted, value_data.into(), count_data.into(), out_data.into()],
         )?;
         Ok(out)
+    }
+
+    /// `out[positions[i]] = values[i]` when `positions` is a permutation of
+    /// `0..len`. Unless their writer knows they are, one bit per position
+    /// records which were written, and a word after the bits is set on a
+    /// position met twice or out of range, so that one read back tells
+    /// whether every position was written once.
+    pub(super) fn scatter_if_permutation(
+        &self,
+        positions: &DeviceBuffer<u32>,
+        values: &DeviceBuffer<u32>,
+        len: usize,
+    ) -> Result<Option<DeviceBuffer<u32>>> {
+        if positions.len() != values.len() {
+            return internal_err!("scatter_permutation: {} positions for {} values", positions.len(), values.len());
+        }
+        if positions.len() != len {
+            return Ok(None);
+        }
+        let words = len.div_ceil(32);
+        let seen = match positions.holds_each_once() {
+            true => None,
+            false => {
+                Some(DeviceBuffer::<u32>::filled(&self.instance, words + 1, 0, "a permutation's written positions")?)
+            }
+        };
+        let out = DeviceBuffer::<u32>::alloc(&self.instance, len, "permuted positions")?;
+        let n = len as u64;
+        let seen_at = seen.as_ref().map_or(0, DeviceBuffer::pointer);
+        let args =
+            [positions.pointer().into(), values.pointer().into(), n.into(), seen_at.into(), out.pointer().into()];
+        self.launch("scatter_permutation", n, 0, &args)?;
+        let Some(seen) = seen else {
+            return Ok(Some(out));
+        };
+        let clash = seen.download_at(words, "whether positions form a permutation")?;
+        Ok((clash == 0).then_some(out))
     }
 }

@@ -26,7 +26,7 @@ const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 47] = [
+pub(crate) const KERNEL_NAMES: [&str; 48] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -73,6 +73,7 @@ pub(crate) const KERNEL_NAMES: [&str; 47] = [
     "compact_count",
     "compact_write",
     "set_flags",
+    "scatter_permutation",
     "sequence",
 ];
 

@@ -253,25 +253,33 @@ impl CudaBackend {
         let kernel = self.kernel_name::<K>(&format!("hash_first_{mode}"));
         self.launch_blocks(&kernel, unit_count as u64, shared, probe.rows as u64, &args)?;
         self.exclusive_scan(&unit_matches)?;
-        let misplaced = DeviceBuffer::<u32>::filled(&self.instance, 1, 0, "misplaced work units")?;
+        // The number of matches, and whether some unit's are misplaced: one
+        // read back for both.
+        let summary = DeviceBuffer::<u64>::filled(&self.instance, 2, 0, "the match's summary")?;
         let args = [
             Arg::from(units.pointer()),
             (unit_count as u32).into(),
             unit_matches.pointer().into(),
             unit_written.pointer().into(),
-            misplaced.pointer().into(),
+            summary.pointer().into(),
         ];
         self.launch("hash_misplaced", unit_count as u64, 0, &args)?;
-        let total = check_candidates(unit_matches.download_at(unit_count, "the number of matches")?)?;
-        if misplaced.download_at(0, "misplaced work units")? == 0 {
+        let [total, misplaced] = summary.download("the match's summary")?[..] else {
+            return internal_err!("hash_match: the match's summary lost its length");
+        };
+        let total = check_candidates(total)?;
+        if misplaced == 0 {
             // Every match is where the scan puts it: positions 0..total.
             direct_build.truncate(total);
             direct_probe.truncate(total);
             // Only direct units wrote matches, at most one per probe row, at
             // that row's position; as many matches as probe rows means every
-            // probe row matched once, in order.
-            if total == probe.rows && probe_space == Space::Transformed {
-                direct_probe.mark_sequence();
+            // probe row matched once, in order, and so once in original
+            // rows too (row ids are a permutation).
+            match (total == probe.rows, probe_space) {
+                (true, Space::Transformed) => direct_probe.mark_sequence(),
+                (true, Space::Original) => direct_probe.mark_each_once(),
+                (false, _) => {}
             }
             return Ok(Candidates { build: direct_build, probe: direct_probe });
         }

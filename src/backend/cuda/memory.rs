@@ -100,9 +100,18 @@ pub struct DeviceBuffer<T> {
     len: usize,
     bytes: u64,
     instance: Instance,
-    /// Known to hold 0, 1, .., len - 1: gathers by it return their source.
-    sequence: bool,
+    known: KnownPositions,
     _element: PhantomData<T>,
+}
+
+/// What the writer of a buffer of positions knows of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KnownPositions {
+    Nothing,
+    /// Each of 0, 1, .., len - 1 once: scattering by them needs no check.
+    EachOnce,
+    /// 0, 1, .., len - 1 in order: gathers by them return their source.
+    Sequence,
 }
 
 /// Makes the device's context current on the calling thread, as the driver
@@ -123,7 +132,14 @@ impl<T: Copy> DeviceBuffer<T> {
         match unsafe { result::malloc_async(instance.stream.cu_stream(), bytes as usize) } {
             Ok(pointer) => {
                 instance.counters.record_alloc(bytes);
-                Ok(Self { pointer, len, bytes, instance: instance.clone(), sequence: false, _element: PhantomData })
+                Ok(Self {
+                    pointer,
+                    len,
+                    bytes,
+                    instance: instance.clone(),
+                    known: KnownPositions::Nothing,
+                    _element: PhantomData,
+                })
             }
             Err(e) => {
                 instance.device.budget.release(bytes);
@@ -143,7 +159,7 @@ impl<T: Copy> DeviceBuffer<T> {
 
     /// Sets every byte to `byte`, in stream order.
     pub(crate) fn fill(&mut self, byte: u8, what: &str) -> Result<()> {
-        self.sequence = false;
+        self.known = KnownPositions::Nothing;
         bind(&self.instance, what)?;
         // SAFETY: writes within the allocation, on its stream.
         unsafe { result::memset_d8_async(self.pointer, byte, self.bytes as usize, self.instance.stream.cu_stream()) }
@@ -191,7 +207,14 @@ impl<T: Copy> DeviceBuffer<T> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never dropped; its fields move into the result.
         let instance = unsafe { std::ptr::read(&this.instance) };
-        DeviceBuffer { pointer: this.pointer, len, bytes: this.bytes, instance, sequence: false, _element: PhantomData }
+        DeviceBuffer {
+            pointer: this.pointer,
+            len,
+            bytes: this.bytes,
+            instance,
+            known: KnownPositions::Nothing,
+            _element: PhantomData,
+        }
     }
 
     pub fn pointer(&self) -> u64 {
@@ -208,16 +231,31 @@ impl<T: Copy> DeviceBuffer<T> {
 
     /// Records that the buffer holds 0, 1, .., len - 1, as its writer knows.
     pub(crate) fn mark_sequence(&mut self) {
-        self.sequence = true;
+        self.known = KnownPositions::Sequence;
     }
 
     /// Whether the buffer is known to hold 0, 1, .., len - 1.
     pub(crate) fn is_sequence(&self) -> bool {
-        self.sequence
+        self.known == KnownPositions::Sequence
+    }
+
+    /// Records that the buffer holds each of 0, 1, .., len - 1 once, in
+    /// some order, as its writer knows.
+    pub(crate) fn mark_each_once(&mut self) {
+        self.known = KnownPositions::EachOnce;
+    }
+
+    /// Whether the buffer is known to hold each of 0, 1, .., len - 1 once.
+    pub(crate) fn holds_each_once(&self) -> bool {
+        self.known != KnownPositions::Nothing
     }
 
     /// Keeps the first `len` elements (the allocation stays).
     pub fn truncate(&mut self, len: usize) {
+        // The first elements of a sequence are one; of a permutation, not.
+        if len < self.len && self.known == KnownPositions::EachOnce {
+            self.known = KnownPositions::Nothing;
+        }
         self.len = self.len.min(len);
     }
 
@@ -227,7 +265,7 @@ impl<T: Copy> DeviceBuffer<T> {
             return Err(datafusion::common::internal_datafusion_err!("{what}: copy past the end of a buffer"));
         }
         let bytes = source.len * size_of::<T>();
-        self.sequence = false;
+        self.known = KnownPositions::Nothing;
         bind(&self.instance, what)?;
         // SAFETY: both ranges lie within their allocations.
         unsafe {

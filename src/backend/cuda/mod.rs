@@ -290,6 +290,15 @@ impl JoinBackend for CudaBackend {
         Ok(out)
     }
 
+    fn scatter_permutation(
+        &self,
+        positions: &DeviceBuffer<u32>,
+        values: &DeviceBuffer<u32>,
+        len: usize,
+    ) -> Result<Option<DeviceBuffer<u32>>> {
+        self.scatter_if_permutation(positions, values, len)
+    }
+
     fn sort_pairs(
         &self,
         keys: &DeviceBuffer<u32>,
