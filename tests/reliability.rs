@@ -244,6 +244,26 @@ async fn build_sides_that_do_not_fit_after_all_are_split_or_left_to_datafusion()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn build_sides_prepared_again_alone_give_the_same_rows() {
+    // The first preparation runs out of memory after announcing its probe
+    // plan, by which probe chunks may already be loading; the second, alone
+    // on the device, fits, and chunks loaded by the first plan are loaded
+    // again by its own.
+    let expected = expected_results().await;
+    for collect in ["true", "false"] {
+        let setting = format!("set gpu_join.collect_build_side = {collect}");
+        let ctx = gpu_session(&["set gpu_join.inject_build_allocation_failures = 1", &setting]).await;
+        for (query, expected) in QUERIES.iter().zip(&expected) {
+            let label = format!("{query} (collect_build_side = {collect})");
+            assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
+        }
+        let [retries, passes] = join_metrics(&ctx, QUERIES[0], ["out_of_memory_retries", "build_passes"]).await;
+        assert!(retries.is_some_and(|r| r >= 1), "{setting}: {retries:?} retries");
+        assert!(passes.is_none_or(|p| p == 0), "{setting}: split into {passes:?} passes");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outputs_beyond_two_to_the_31_rows() {
     if test_backend_choice() != BackendChoice::Cuda {
         println!("skipped: 2^31 output rows are joined on the CUDA backend only (GPU_JOIN_TEST_BACKEND=cuda)");

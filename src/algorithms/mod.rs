@@ -25,7 +25,7 @@ mod strategy;
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
 pub use host_rows::{HostRows, assemble_columns};
 pub use pipeline::{
-    BuildSide, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, ProbeOutput, Settle, evaluate_keys,
+    BuildSide, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, ProbeOutput, ProbePlan, Settle, evaluate_keys,
     finish_build_side, join_loaded_chunk, load_probe_chunk, prepare_build_side,
 };
 pub(crate) use side::columns_held;

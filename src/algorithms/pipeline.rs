@@ -1,8 +1,8 @@
 //! The join pipeline: prepare the build side once, join each probe chunk,
 //! then emit what the build side owes once the probe side is exhausted.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayRef};
 use arrow::record_batch::RecordBatch;
@@ -55,6 +55,18 @@ impl NullAwareState {
     }
 }
 
+/// What loading a probe chunk needs of its build side. It is known once
+/// the build side's keys are encoded and its strategy chosen, before its
+/// transform, so that probe chunks load while the build side is moved and
+/// transformed.
+pub struct ProbePlan {
+    encoder: KeyEncoder,
+    /// How probe chunks encode their keys to meet the build side's.
+    probe_encoder: KeyEncoder,
+    choice: Choice,
+    null_aware: NullAwareState,
+}
+
 /// The build side, collected, encoded and transformed once per join (per
 /// partition in `Partitioned` mode), then shared by every probe chunk.
 pub struct BuildSide<B: JoinBackend> {
@@ -64,14 +76,10 @@ pub struct BuildSide<B: JoinBackend> {
     /// The key columns whole, only where something reads them on the host
     /// (verification of hashed keys, null-aware joins); empty otherwise.
     keys: Vec<ArrayRef>,
-    encoder: KeyEncoder,
-    /// How probe chunks encode their keys to meet the build side's.
-    probe_encoder: KeyEncoder,
-    choice: Choice,
+    plan: Arc<ProbePlan>,
     relation: KeyedRelation<B>,
     placements: Vec<Option<ColumnPlacement<B::Column>>>,
     visited: Option<B::Flags>,
-    null_aware: NullAwareState,
 }
 
 impl<B: JoinBackend> BuildSide<B> {
@@ -81,7 +89,12 @@ impl<B: JoinBackend> BuildSide<B> {
 
     /// The strategy this build side was transformed for, and why.
     pub fn choice(&self) -> &Choice {
-        &self.choice
+        &self.plan.choice
+    }
+
+    /// How probe chunks are loaded to be joined with it.
+    pub fn plan(&self) -> &Arc<ProbePlan> {
+        &self.plan
     }
 
     /// The build side's rows on the host, every column.
@@ -101,7 +114,7 @@ impl<B: JoinBackend> BuildSide<B> {
         SideView {
             rows: &self.rows,
             keys: &self.keys,
-            space: self.choice.strategy.build_space,
+            space: self.plan.choice.strategy.build_space,
             row_ids,
             placements: &self.placements,
             payloads,
@@ -202,12 +215,15 @@ fn needs_row_ids<C>(
 
 /// Collects nothing itself: `rows` are the whole build side, and `ranges`
 /// the spans of its keys where they were gathered as it was collected.
+/// `planned` is handed the probe plan as soon as it is known, before the
+/// build side moves to the backend.
 pub fn prepare_build_side<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     rows: HostRows,
     ranges: Option<&KeyRanges>,
     timers: &PhaseTimers,
+    planned: impl FnOnce(&Arc<ProbePlan>),
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
     let staged_keys = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
@@ -228,17 +244,21 @@ pub fn prepare_build_side<B: JoinBackend>(
         choice::observe_shape(backend, definition, &encoder, &staged_keys.pieces, rows.rows())
     })?;
     let strategy = choice.strategy;
+    let probe_encoder = encoder.for_probe_side();
+    let plan = Arc::new(ProbePlan { encoder, probe_encoder, choice, null_aware: NullAwareState::default() });
+    planned(&plan);
+    let encoder = &plan.encoder;
     let PlacedColumns { placements, to_transform } =
         place_columns(backend, &rows, &definition.build_output_columns(), true, strategy.build_space)?;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let relation = match upload_keys(backend, &encoder, &staged_keys)? {
+    let relation = match upload_keys(backend, encoder, &staged_keys)? {
         KeyedVector::U32(k) => {
-            KeyedRelation::U32(transform_build(backend, strategy.algorithm, &encoder, &k, &payloads, with_row_ids)?)
+            KeyedRelation::U32(transform_build(backend, strategy.algorithm, encoder, &k, &payloads, with_row_ids)?)
         }
         KeyedVector::U64(k) => {
-            KeyedRelation::U64(transform_build(backend, strategy.algorithm, &encoder, &k, &payloads, with_row_ids)?)
+            KeyedRelation::U64(transform_build(backend, strategy.algorithm, encoder, &k, &payloads, with_row_ids)?)
         }
     };
     let visited = match definition.tracks_visited_build_rows() {
@@ -248,18 +268,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     // Every probe partition reads the build side from here on.
     backend.finish()?;
     timer.done();
-    Ok(BuildSide {
-        rows,
-        whole: OnceLock::new(),
-        keys,
-        probe_encoder: encoder.for_probe_side(),
-        encoder,
-        choice,
-        relation,
-        placements,
-        visited,
-        null_aware: NullAwareState::default(),
-    })
+    Ok(BuildSide { rows, whole: OnceLock::new(), keys, plan, relation, placements, visited })
 }
 
 /// The normalised keys of a probe chunk in backend memory.
@@ -314,6 +323,9 @@ pub enum ProbeOutput {
 pub struct LoadedChunk<B: JoinBackend> {
     chunk: HostRows,
     columns: ProbeColumns,
+    /// The plan it was loaded by: only the build side prepared with that
+    /// plan joins it.
+    plan: Arc<ProbePlan>,
     /// The key columns whole, only where candidates are verified against
     /// them (hashed keys); empty otherwise.
     key_arrays: Vec<ArrayRef>,
@@ -336,6 +348,17 @@ impl<B: JoinBackend> LoadedChunk<B> {
     pub fn chunk(&self) -> &HostRows {
         &self.chunk
     }
+
+    /// When the chunk's output columns are placed.
+    pub fn columns(&self) -> ProbeColumns {
+        self.columns
+    }
+
+    /// Whether it was loaded for `build`: a build side prepared again (once
+    /// alone on the device) has a plan of its own.
+    pub fn loaded_for(&self, build: &BuildSide<B>) -> bool {
+        Arc::ptr_eq(&self.plan, &build.plan)
+    }
 }
 
 /// Encodes a probe chunk's keys as the build side's and moves the chunk to
@@ -343,7 +366,7 @@ impl<B: JoinBackend> LoadedChunk<B> {
 pub fn load_probe_chunk<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
-    build: &BuildSide<B>,
+    plan: &Arc<ProbePlan>,
     chunk: HostRows,
     columns: ProbeColumns,
     batch_rows: usize,
@@ -357,15 +380,16 @@ pub fn load_probe_chunk<B: JoinBackend>(
     let keep_probe_order = definition.keeps_probe_order(chunk.rows());
     let space = match keep_probe_order || columns == ProbeColumns::AfterMatching {
         true => Space::Original,
-        false => build.choice.strategy.probe_space,
+        false => plan.choice.strategy.probe_space,
     };
-    let key_arrays = match build.encoder.exactness() {
+    let key_arrays = match plan.encoder.exactness() {
         KeyExactness::NeedsVerification => keys.concatenated()?,
         KeyExactness::Exact => vec![],
     };
     let mut loaded = LoadedChunk {
         chunk,
         columns,
+        plan: Arc::clone(plan),
         key_arrays,
         keys: None,
         space,
@@ -376,7 +400,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
         batch_rows,
     };
     if definition.null_aware {
-        let state = &build.null_aware;
+        let state = &plan.null_aware;
         if loaded.rows() > 0 {
             state.probe_non_empty.store(true, Ordering::Relaxed);
         }
@@ -393,8 +417,8 @@ pub fn load_probe_chunk<B: JoinBackend>(
         ProbeColumns::Upload => place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), true, space)?,
         ProbeColumns::AfterMatching => PlacedColumns { placements: vec![], to_transform: vec![] },
     };
-    loaded.keys = Some(upload_keys(backend, &build.probe_encoder, &keys)?);
-    loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, build.encoder.exactness(), &placements);
+    loaded.keys = Some(upload_keys(backend, &plan.probe_encoder, &keys)?);
+    loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, plan.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
     backend.finish()?;
     Ok(loaded)
@@ -423,6 +447,9 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     timers: &PhaseTimers,
     settle: Settle,
 ) -> Result<JoinedChunk> {
+    if !chunk.loaded_for(build) {
+        return internal_err!("GPU join: a probe chunk was loaded for another preparation of the build side");
+    }
     let output = match (&build.relation, &chunk.keys) {
         (_, None) => Ok(JoinedChunk { batches: vec![], probe_columns: ProbeOutput::Gathered }),
         (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
@@ -465,10 +492,10 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         payloads: &probe_relation.payloads,
     };
     let candidates =
-        find_matches(backend, build_relation, &probe_relation, (build.choice.strategy.build_space, chunk.space))?;
+        find_matches(backend, build_relation, &probe_relation, (build.choice().strategy.build_space, chunk.space))?;
     check_candidates(backend.len(&candidates.probe) as u64)?;
     let matches =
-        residual::apply(backend, definition, build.encoder.exactness(), &build_view, &probe_view, candidates)?;
+        residual::apply(backend, definition, build.plan.encoder.exactness(), &build_view, &probe_view, candidates)?;
     let rows = match settle {
         Settle::ProbeChunk => resolve_probe_chunk(
             backend,
@@ -550,7 +577,7 @@ pub fn finish_build_side<B: JoinBackend>(
     };
     let _timer = timers.materialize.timer();
     let view = build.view();
-    let rows = build_side_rows(backend, definition, &view, visited, build.rows(), build.null_aware.summary())?;
+    let rows = build_side_rows(backend, definition, &view, visited, build.rows(), build.plan.null_aware.summary())?;
     rows.map(|rows| output_batch(backend, definition, &rows, &view, None)).transpose()
 }
 

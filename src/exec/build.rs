@@ -1,6 +1,7 @@
 //! The build side of a join: collected once from its input, then placed by
 //! a task of its own, so that probe partitions stage their first chunks
-//! while it is prepared on the device.
+//! while it is prepared on the device, and load them from the moment its
+//! probe plan is known (before it is moved and transformed).
 //!
 //! A build side estimated to fit the device is prepared whole; a larger one
 //! is split into passes ([`super::passes`]), or, for a join that cannot be
@@ -29,7 +30,7 @@ use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, TryStreamExt};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::chosen::ChosenStrategies;
 use super::fallback::{hash_join_over, in_key_order};
@@ -40,7 +41,9 @@ use super::read_ahead::ProbeSlots;
 use super::runner::PartitionInputs;
 use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
-use crate::algorithms::{BuildSide, HostRows, JoinDefinition, choice, columns_held, evaluate_keys, prepare_build_side};
+use crate::algorithms::{
+    BuildSide, HostRows, JoinDefinition, ProbePlan, choice, columns_held, evaluate_keys, prepare_build_side,
+};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::keys::{KeyEncoder, KeyRanges};
@@ -60,6 +63,10 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
 
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
 
+/// Where the preparation of a build side announces its probe plan: set
+/// when known, cleared should the build side not end up whole.
+pub(crate) type PlanSender = watch::Sender<Option<Arc<ProbePlan>>>;
+
 /// A collected build side on its way to the device (or to passes). The
 /// task placing it is aborted, and its device work stopped, when the last
 /// holder lets go: the partitions and the runner's cell, which goes with
@@ -70,12 +77,27 @@ pub(crate) struct PendingBuild<B: JoinBackend> {
     /// into passes after all if the device runs out of memory.
     pub whole: bool,
     placed: Shared<BoxFuture<'static, SharedBuild<B>>>,
+    plan: watch::Receiver<Option<Arc<ProbePlan>>>,
 }
 
 impl<B: JoinBackend> PendingBuild<B> {
     /// What the build side became, once placed.
     pub async fn placed(&self) -> Result<Arc<CollectedBuild<B>>> {
         self.placed.clone().await.map_err(DataFusionError::Shared)
+    }
+
+    /// How probe chunks load for it, as soon as its preparation knows;
+    /// `None` once placed other than whole (in passes, or on the CPU).
+    pub async fn probe_plan(&self) -> Result<Option<Arc<ProbePlan>>> {
+        let mut announced = self.plan.clone();
+        tokio::select! {
+            biased;
+            Ok(plan) = announced.wait_for(Option::is_some) => Ok(plan.clone()),
+            placed = self.placed() => Ok(match placed?.as_ref() {
+                CollectedBuild::Whole { side, .. } => Some(Arc::clone(side.plan())),
+                _ => None,
+            }),
+        }
     }
 }
 
@@ -289,10 +311,14 @@ impl<B: JoinBackend> DeviceJoin<B> {
         // The task holds the join's parts, not the runner: dropping the plan
         // drops the runner's cell and with it the last holder of the task.
         let join = Arc::clone(self);
+        let (plan_tx, plan) = watch::channel(None);
         let task = SpawnedTask::spawn(async move {
             let _cancel = CancelOnDrop(Arc::clone(&counters));
             let metrics = input.metrics.clone();
-            let placed = join.place(input).await;
+            let placed = join.place(input, &plan_tx).await;
+            if !matches!(placed.as_deref(), Ok(CollectedBuild::Whole { .. })) {
+                plan_tx.send_replace(None);
+            }
             metrics.record_device(&counters);
             placed
         });
@@ -303,11 +329,12 @@ impl<B: JoinBackend> DeviceJoin<B> {
             })
             .boxed()
             .shared();
-        Ok(PendingBuild { whole, placed })
+        Ok(PendingBuild { whole, placed, plan })
     }
 
-    /// Prepares a build side that fits whole, splits one that does not.
-    async fn place(&self, input: CollectedInput<B>) -> Result<Arc<CollectedBuild<B>>> {
+    /// Prepares a build side that fits whole, splits one that does not;
+    /// `planned` hears of the whole one's probe plan.
+    async fn place(&self, input: CollectedInput<B>, planned: &PlanSender) -> Result<Arc<CollectedBuild<B>>> {
         let CollectedInput {
             backend,
             metrics,
@@ -335,7 +362,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             })
             .await?;
             timer.stop();
-            match self.prepare_admitted(&backend, &metrics, &options, host_rows, ranges).await {
+            match self.prepare_admitted(&backend, &metrics, &options, host_rows, ranges, Some(planned)).await {
                 Ok(side) => {
                     return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
                 }
@@ -403,8 +430,9 @@ impl<B: JoinBackend> DeviceJoin<B> {
 
     /// Prepares a build side (or one pass of it) under the device's
     /// admission; one that runs out of memory is prepared again, alone on
-    /// the device. Its host memory is accounted by whoever collected it;
-    /// `ranges`, the spans of its keys, by whoever gathered them.
+    /// the device, with a probe plan of its own. Its host memory is
+    /// accounted by whoever collected it; `ranges`, the spans of its keys,
+    /// by whoever gathered them. `planned`, if any, hears of each probe plan.
     pub async fn prepare_admitted(
         &self,
         backend: &B,
@@ -412,17 +440,18 @@ impl<B: JoinBackend> DeviceJoin<B> {
         options: &GpuJoinConfig,
         rows: HostRows,
         ranges: Option<KeyRanges>,
+        planned: Option<&PlanSender>,
     ) -> Result<BuildSide<B>> {
         let _compute = metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
         let permit = admitted(metrics, admission.shared(options.concurrent_tasks)).await?;
-        let prepared = match self.prepare(backend, metrics, rows.clone(), ranges.clone()).await {
+        let prepared = match self.prepare(backend, metrics, rows.clone(), ranges.clone(), planned).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
                 metrics.out_of_memory_retries.add(1);
                 let _permit = admitted(metrics, admission.exclusive()).await?;
-                self.prepare(backend, metrics, rows, ranges).await
+                self.prepare(backend, metrics, rows, ranges, planned).await
             }
             prepared => prepared,
         }?;
@@ -436,11 +465,18 @@ impl<B: JoinBackend> DeviceJoin<B> {
         metrics: &GpuJoinMetrics,
         rows: HostRows,
         ranges: Option<KeyRanges>,
+        planned: Option<&PlanSender>,
     ) -> Result<BuildSide<B>> {
         let _prepare = metrics.build_prepare_time.timer();
         let (backend, definition, timers) = (backend.clone(), Arc::clone(&self.definition), metrics.phases.clone());
+        let planned = planned.cloned();
         run_blocking("preparing the build side", move || {
-            on_build_pool(|| prepare_build_side(&backend, &definition, rows, ranges.as_ref(), &timers))
+            let announce = |plan: &Arc<ProbePlan>| {
+                if let Some(planned) = &planned {
+                    planned.send_replace(Some(Arc::clone(plan)));
+                }
+            };
+            on_build_pool(|| prepare_build_side(&backend, &definition, rows, ranges.as_ref(), &timers, announce))
         })
         .await
     }

@@ -11,10 +11,12 @@
 //! runs on tokio's blocking pool, under the device's bounded admission.
 //!
 //! The pipeline starts while a build side estimated to fit is still being
-//! prepared whole: chunks are staged and assembled meanwhile, and loading
-//! waits for the build side. Should it be split into passes after all, the
-//! probe rows read so far, none of them joined, are joined pass by pass
-//! with the rest. A build side split into passes runs the pipeline once
+//! prepared whole: chunks are staged and assembled meanwhile, loading waits
+//! for the build side's probe plan (how chunks encode their keys), which
+//! comes before the build side is moved and transformed, and joining waits
+//! for the build side. Should it be split into passes after all, the probe
+//! rows read so far, none of them joined, are joined pass by pass with the
+//! rest; chunks loaded for it are dropped. A build side split into passes runs the pipeline once
 //! per pass, over the probe rows of that pass; one that did not fit, for a
 //! join that cannot be split, leaves the partition to DataFusion's
 //! operator.
@@ -41,8 +43,8 @@ use super::read_ahead::read_ahead_while;
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
-    BuildSide, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, ProbeOutput, Settle, columns_held, finish_build_side,
-    join_loaded_chunk, load_probe_chunk,
+    BuildSide, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, ProbeOutput, ProbePlan, Settle, columns_held,
+    finish_build_side, join_loaded_chunk, load_probe_chunk,
 };
 use crate::arrays::{compacted, owned_slice};
 use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
@@ -114,6 +116,14 @@ enum BuildNow<B: JoinBackend> {
     Split(Arc<BuildPasses<B>>),
 }
 
+/// What a loader finds to load the next chunk by.
+enum PlanNow<B: JoinBackend> {
+    /// The plan, and the build side it came from when one is ready, held
+    /// while the chunk loads.
+    Ready(Arc<ProbePlan>, Option<Arc<BuildSide<B>>>),
+    Split(Arc<BuildPasses<B>>),
+}
+
 /// Probe batches a partition read while its build side was being prepared
 /// whole, held in case it is split into passes after all: the partition
 /// then joins every probe row pass by pass, as none has been joined yet.
@@ -178,7 +188,14 @@ impl<B: JoinBackend> Partition<'_, B> {
                 let prepare = |piece| {
                     self.inputs.metrics.build_pass_loads.add(1);
                     let rows = HostRows::whole(piece);
-                    self.join.prepare_admitted(&self.build_backend, &self.inputs.metrics, self.options, rows, None)
+                    self.join.prepare_admitted(
+                        &self.build_backend,
+                        &self.inputs.metrics,
+                        self.options,
+                        rows,
+                        None,
+                        None,
+                    )
                 };
                 Ok(BuildNow::Ready(passes.acquire(*pass, prepare).await?))
             }
@@ -195,13 +212,29 @@ impl<B: JoinBackend> Partition<'_, B> {
         }
     }
 
-    /// The build side for a job that follows a loaded chunk.
-    async fn build(&self) -> Result<Arc<BuildSide<B>>> {
-        match self.build_now().await? {
-            BuildNow::Ready(build) => Ok(build),
-            BuildNow::Split(_) => {
-                internal_err!("GPU join: a chunk was loaded for a build side since split into passes")
-            }
+    /// The probe plan for loading a chunk: a build side being prepared
+    /// whole gives it before it is on the device.
+    async fn plan_now(&self) -> Result<PlanNow<B>> {
+        if let BuildSource::Preparing(pending, _) = &self.build
+            && let Some(plan) = pending.probe_plan().await?
+        {
+            return Ok(PlanNow::Ready(plan, None));
+        }
+        Ok(match self.build_now().await? {
+            BuildNow::Ready(build) => PlanNow::Ready(Arc::clone(build.plan()), Some(build)),
+            BuildNow::Split(passes) => PlanNow::Split(passes),
+        })
+    }
+
+    /// Whether a build side that was being prepared whole was split into
+    /// passes instead; waits for it to be placed.
+    async fn split_instead(&self) -> Result<Option<Arc<BuildPasses<B>>>> {
+        match &self.build {
+            BuildSource::Preparing(..) => match self.build_now().await? {
+                BuildNow::Split(passes) => Ok(Some(passes)),
+                BuildNow::Ready(_) => Ok(None),
+            },
+            _ => Ok(None),
         }
     }
 
@@ -374,13 +407,15 @@ async fn join_probe_side<B: JoinBackend>(
         join_chunks(partition, chunk_rx, output)
     );
     // The joiner's error explains the others' (a closed channel), not the
-    // other way round; the loader's explains the assembler's.
+    // other way round; the loader's explains the assembler's, which stops
+    // without one when the loader stops first.
     let finished = joined?;
-    if let Some(passes) = loaded? {
-        return Ok(ProbeEnd::Split(passes));
-    }
+    let split = loaded?;
     assembled?;
-    Ok(ProbeEnd::Joined(finished))
+    Ok(match split {
+        Some(passes) => ProbeEnd::Split(passes),
+        None => ProbeEnd::Joined(finished),
+    })
 }
 
 /// A partition's probe rows split by pass, held on the host (in
@@ -513,14 +548,14 @@ async fn load_chunks<B: JoinBackend>(
 ) -> Result<Option<Arc<BuildPasses<B>>>> {
     let backend = partition.open_backend()?;
     while let Some((chunk, columns)) = assembled_rx.recv().await {
-        let build = match partition.build_now().await? {
-            BuildNow::Ready(build) => build,
+        let (plan, build) = match partition.plan_now().await? {
+            PlanNow::Ready(plan, build) => (plan, build),
             // Nothing is joined yet: the partition joins in passes instead.
-            BuildNow::Split(passes) => return Ok(Some(passes)),
+            PlanNow::Split(passes) => return Ok(Some(passes)),
         };
         let (chunk, columns) = placed_as_measured(partition, chunk, columns).await?;
         let permit = partition.admitted().await?;
-        let loaded = load_chunk(partition, &backend, &build, chunk, columns).await?;
+        let loaded = load_chunk(partition, &backend, &plan, chunk, columns).await?;
         // Neither is held while the joiner is busy: it may need the device
         // alone, or another pass of the build side.
         drop((permit, build));
@@ -529,7 +564,9 @@ async fn load_chunks<B: JoinBackend>(
             return Ok(None);
         }
     }
-    Ok(None)
+    // Chunks loaded by the plan of a build side split since were dropped
+    // by the joiner: the partition joins them in passes too.
+    partition.split_instead().await
 }
 
 /// Assembles a staged chunk on the host, in memory `backend` moves
@@ -584,12 +621,12 @@ async fn placed_as_measured<B: JoinBackend>(
     Ok((rows, ProbeColumns::Upload))
 }
 
-/// Loads a probe chunk, in one blocking job; a chunk that runs out of
-/// device memory comes back not loaded.
+/// Loads a probe chunk by `plan`, in one blocking job; a chunk that runs
+/// out of device memory comes back not loaded.
 async fn load_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
-    build: &Arc<BuildSide<B>>,
+    plan: &Arc<ProbePlan>,
     chunk: HostRows,
     columns: ProbeColumns,
 ) -> Result<Chunk<B>> {
@@ -597,10 +634,10 @@ async fn load_chunk<B: JoinBackend>(
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let (backend, definition, timers) =
         (backend.clone(), Arc::clone(&partition.join.definition), inputs.metrics.phases.clone());
-    let build = Arc::clone(build);
+    let plan = Arc::clone(plan);
     let batch_rows = inputs.context.session_config().batch_size().max(1);
     run_blocking("loading a probe chunk", move || {
-        match load_probe_chunk(&backend, &definition, &build, chunk.clone(), columns, batch_rows, &timers) {
+        match load_probe_chunk(&backend, &definition, &plan, chunk.clone(), columns, batch_rows, &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(chunk, e)),
             Err(e) => Err(e),
@@ -626,7 +663,12 @@ async fn join_chunks<B: JoinBackend>(
             let Some(chunk) = chunk_rx.recv().await else {
                 return Ok(None);
             };
-            join_chunk(partition, &backend, &partition.build().await?, chunk).await.map(Some)
+            match partition.build_now().await? {
+                BuildNow::Ready(build) => join_chunk(partition, &backend, &build, chunk).await.map(Some),
+                // Loaded while the build side was prepared whole, which was
+                // split into passes instead: the loader says so once done.
+                BuildNow::Split(_) => Ok(Some(vec![])),
+            }
         };
         let (joined, sent) = futures::join!(next, output.send_all(std::mem::take(&mut previous)));
         if !sent? {
@@ -649,6 +691,17 @@ async fn join_chunk<B: JoinBackend>(
     chunk: Chunk<B>,
 ) -> Result<Vec<RecordBatch>> {
     let join = partition.join;
+    let chunk = match chunk {
+        // Loaded by the plan of a preparation since redone (alone on the
+        // device): loaded again by this one's.
+        Chunk::Loaded(loaded) if !loaded.loaded_for(build) => {
+            let (rows, columns) = (loaded.chunk().clone(), loaded.columns());
+            drop(loaded);
+            let _permit = partition.admitted().await?;
+            load_chunk(partition, backend, build.plan(), rows, columns).await?
+        }
+        chunk => chunk,
+    };
     let (chunk, error) = match chunk {
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
@@ -716,7 +769,7 @@ async fn load_and_join<B: JoinBackend>(
     columns: ProbeColumns,
     settle: Settle,
 ) -> Result<Vec<RecordBatch>> {
-    match load_chunk(partition, backend, build, rows, columns).await? {
+    match load_chunk(partition, backend, build.plan(), rows, columns).await? {
         Chunk::Loaded(loaded) => Ok(join_loaded(partition, backend, build, loaded, settle).await?.batches),
         Chunk::NotLoaded(_, error) => Err(error),
     }
