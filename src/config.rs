@@ -249,6 +249,9 @@ extensions_options! {
         /// Testing only: the first N device allocations of each build
         /// side's preparation fail as if the device were full.
         pub inject_build_allocation_failures: usize, default = 0
+        /// Testing only: that many of each build side's device allocations
+        /// succeed before its injected failures start.
+        pub inject_build_allocation_failures_after: usize, default = 0
         /// Which placement decisions are logged: none, not_on_gpu or all.
         pub explain: ExplainChoice, default = ExplainChoice::NotOnGpu
     }

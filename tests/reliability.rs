@@ -187,18 +187,18 @@ async fn join_metrics<const N: usize>(ctx: &SessionContext, query: &str, names: 
 /// DataFusion's rows: joins that can be split in at least `fewest_passes`
 /// passes, the others (build rows emitted at the end) joined whole by
 /// DataFusion's operator.
-async fn assert_split_or_left_to_datafusion(setting: &str, fewest_passes: usize) {
+async fn assert_split_or_left_to_datafusion(settings: &[&str], fewest_passes: usize) {
     let expected = expected_results().await;
     for collect in ["true", "false"] {
-        let ctx = gpu_session(&[
-            setting,
-            &format!("set gpu_join.collect_build_side = {collect}"),
+        let collect_setting = format!("set gpu_join.collect_build_side = {collect}");
+        let session_settings = [
+            &collect_setting,
             "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
             "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-        ])
-        .await;
+        ];
+        let ctx = gpu_session(&[settings, &session_settings[..]].concat()).await;
         for (query, expected) in QUERIES.iter().zip(&expected) {
-            let label = format!("{query} ({setting}, collect_build_side = {collect})");
+            let label = format!("{query} ({settings:?}, collect_build_side = {collect})");
             assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
             let [passes, loads] = join_metrics(&ctx, query, ["build_passes", "build_pass_loads"]).await;
             if query.contains("left join") || query.contains("full join") {
@@ -216,7 +216,7 @@ async fn assert_split_or_left_to_datafusion(setting: &str, fewest_passes: usize)
 async fn build_sides_split_into_passes_match_datafusion() {
     // 60,000 build rows in passes of at most 7,000: 16 passes in one build
     // side, 2 to 4 in each of 4 partitioned ones.
-    assert_split_or_left_to_datafusion("set gpu_join.build_pass_rows = 7000", 2).await;
+    assert_split_or_left_to_datafusion(&["set gpu_join.build_pass_rows = 7000"], 2).await;
     // Partitions drained one after another still finish: none waits for
     // another to make progress.
     let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000"]).await;
@@ -240,19 +240,31 @@ async fn build_sides_split_into_passes_match_datafusion() {
 async fn build_sides_that_do_not_fit_after_all_are_split_or_left_to_datafusion() {
     // Estimated to fit, so probe chunks are staged while the build side is
     // prepared; its preparation then runs out of memory, shared and alone.
-    assert_split_or_left_to_datafusion("set gpu_join.inject_build_allocation_failures = 2", 4).await;
+    assert_split_or_left_to_datafusion(&["set gpu_join.inject_build_allocation_failures = 2"], 4).await;
+    // The same once the first preparation's probe plan is out (on the
+    // reference backend): chunks loaded by it are dropped and joined in
+    // passes with the rest.
+    let after_plan = [
+        "set gpu_join.inject_build_allocation_failures = 2",
+        "set gpu_join.inject_build_allocation_failures_after = 1",
+    ];
+    assert_split_or_left_to_datafusion(&after_plan, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn build_sides_prepared_again_alone_give_the_same_rows() {
-    // The first preparation runs out of memory after announcing its probe
-    // plan, by which probe chunks may already be loading; the second, alone
-    // on the device, fits, and chunks loaded by the first plan are loaded
-    // again by its own.
+    // The first preparation runs out of memory (on the reference backend,
+    // after announcing its probe plan, by which probe chunks may already be
+    // loading); the second, alone on the device, fits, and chunks loaded by
+    // the first plan are loaded again by its own.
     let expected = expected_results().await;
     for collect in ["true", "false"] {
         let setting = format!("set gpu_join.collect_build_side = {collect}");
-        let ctx = gpu_session(&["set gpu_join.inject_build_allocation_failures = 1", &setting]).await;
+        let failing = [
+            "set gpu_join.inject_build_allocation_failures = 1",
+            "set gpu_join.inject_build_allocation_failures_after = 1",
+        ];
+        let ctx = gpu_session(&[&failing[..], &[setting.as_str()]].concat()).await;
         for (query, expected) in QUERIES.iter().zip(&expected) {
             let label = format!("{query} (collect_build_side = {collect})");
             assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");

@@ -56,8 +56,8 @@ impl NullAwareState {
 }
 
 /// What loading a probe chunk needs of its build side. It is known once
-/// the build side's keys are encoded and its strategy chosen, before its
-/// transform, so that probe chunks load while the build side is moved and
+/// the build side's strategy is chosen; probe chunks load by it once the
+/// build side's host work is done, so that they load while it is
 /// transformed.
 pub struct ProbePlan {
     encoder: KeyEncoder,
@@ -215,8 +215,10 @@ fn needs_row_ids<C>(
 
 /// Collects nothing itself: `rows` are the whole build side, and `ranges`
 /// the spans of its keys where they were gathered as it was collected.
-/// `planned` is handed the probe plan as soon as it is known, before the
-/// build side moves to the backend.
+/// `planned` is handed the probe plan once the host has encoded the build
+/// side's keys and copied its columns for the upload: loading probe chunks
+/// earlier (as soon as the plan is known) took the host and the link from
+/// the build side and delayed the join's first output (docs/benchmarks.md).
 pub fn prepare_build_side<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
@@ -246,14 +248,15 @@ pub fn prepare_build_side<B: JoinBackend>(
     let strategy = choice.strategy;
     let probe_encoder = encoder.for_probe_side();
     let plan = Arc::new(ProbePlan { encoder, probe_encoder, choice, null_aware: NullAwareState::default() });
-    planned(&plan);
     let encoder = &plan.encoder;
     let PlacedColumns { placements, to_transform } =
         place_columns(backend, &rows, &definition.build_output_columns(), true, strategy.build_space)?;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let relation = match upload_keys(backend, encoder, &staged_keys)? {
+    let keys_on_backend = upload_keys(backend, encoder, &staged_keys)?;
+    planned(&plan);
+    let relation = match keys_on_backend {
         KeyedVector::U32(k) => {
             KeyedRelation::U32(transform_build(backend, strategy.algorithm, encoder, &k, &payloads, with_row_ids)?)
         }

@@ -14,6 +14,8 @@ pub struct DeviceCounters {
     in_use: AtomicU64,
     peak: AtomicU64,
     cancelled: AtomicBool,
+    /// Allocations that succeed before the injected failures start.
+    spared_allocations: AtomicUsize,
     injected_failures: AtomicUsize,
 }
 
@@ -61,13 +63,20 @@ impl DeviceCounters {
         }
     }
 
-    /// Makes the next `count` allocations fail (`gpu_join.inject_allocation_failures`).
-    pub fn inject_allocation_failures(&self, count: usize) {
+    /// Makes `count` allocations fail after the next `spared`
+    /// (`gpu_join.inject_allocation_failures` and its build-side kin).
+    pub fn inject_allocation_failures(&self, spared: usize, count: usize) {
+        self.spared_allocations.store(spared, Ordering::Relaxed);
         self.injected_failures.store(count, Ordering::Relaxed);
     }
 
-    /// An out-of-memory error while injected failures remain.
+    /// An out-of-memory error while injected failures remain, once the
+    /// spared allocations have passed.
     pub fn check_injected_failure(&self, bytes: u64, what: &str) -> Result<()> {
+        let spare = self.spared_allocations.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if spare.is_ok() {
+            return Ok(());
+        }
         let take = self.injected_failures.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         match take {
             Ok(_) => Err(resources_datafusion_err!(

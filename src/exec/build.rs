@@ -1,7 +1,7 @@
 //! The build side of a join: collected once from its input, then placed by
 //! a task of its own, so that probe partitions stage their first chunks
-//! while it is prepared on the device, and load them from the moment its
-//! probe plan is known (before it is moved and transformed).
+//! while it is prepared on the device, and load them once its host work is
+//! done (see [`prepare_build_side`]), while it is transformed.
 //!
 //! A build side estimated to fit the device is prepared whole; a larger one
 //! is split into passes ([`super::passes`]), or, for a join that cannot be
@@ -271,7 +271,10 @@ impl<B: JoinBackend> DeviceJoin<B> {
     ) -> Result<PendingBuild<B>> {
         let timer = inputs.metrics.build_collect_time.timer();
         let counters = Arc::new(DeviceCounters::default());
-        counters.inject_allocation_failures(options.inject_build_allocation_failures);
+        counters.inject_allocation_failures(
+            options.inject_build_allocation_failures_after,
+            options.inject_build_allocation_failures,
+        );
         let backend = self.open_backend(Arc::clone(&counters))?;
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());

@@ -13,13 +13,13 @@
 //! The pipeline starts while a build side estimated to fit is still being
 //! prepared whole: chunks are staged and assembled meanwhile, loading waits
 //! for the build side's probe plan (how chunks encode their keys), which
-//! comes before the build side is moved and transformed, and joining waits
-//! for the build side. Should it be split into passes after all, the probe
-//! rows read so far, none of them joined, are joined pass by pass with the
-//! rest; chunks loaded for it are dropped. A build side split into passes runs the pipeline once
-//! per pass, over the probe rows of that pass; one that did not fit, for a
-//! join that cannot be split, leaves the partition to DataFusion's
-//! operator.
+//! comes while the build side is transformed, and joining waits for the
+//! build side. Should it be split into passes after all, the probe rows
+//! read so far, none of them joined, are joined pass by pass with the rest;
+//! chunks loaded for it are dropped. A build side split into passes runs
+//! the pipeline once per pass, over the probe rows of that pass; one that
+//! did not fit, for a join that cannot be split, leaves the partition to
+//! DataFusion's operator.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -87,7 +87,7 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     // Injected failures hit probe chunks; the build side's preparation has
     // its own (see `super::build`).
     let (counters, build_counters) = (Arc::new(DeviceCounters::default()), Arc::new(DeviceCounters::default()));
-    counters.inject_allocation_failures(options.inject_allocation_failures);
+    counters.inject_allocation_failures(0, options.inject_allocation_failures);
     let _cancel = (CancelOnDrop(Arc::clone(&counters)), CancelOnDrop(Arc::clone(&build_counters)));
     let result = match runner.join.open_backend(Arc::clone(&build_counters)) {
         Ok(build_backend) => join_partition(&runner, build_backend, &inputs, &options, &counters, &tx).await,

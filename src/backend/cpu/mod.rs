@@ -140,6 +140,7 @@ impl JoinBackend for CpuBackend {
         with_row_ids: bool,
         spec: PartitionSpec,
     ) -> Result<Transformed<Self, K>> {
+        self.counters.check_injected_failure((keys.len() * size_of::<K>()) as u64, "a partition")?;
         transform::partition(keys, payloads, with_row_ids, spec)
     }
 
@@ -150,6 +151,7 @@ impl JoinBackend for CpuBackend {
         with_row_ids: bool,
         spec: SortSpec,
     ) -> Result<Transformed<Self, K>> {
+        self.counters.check_injected_failure((keys.len() * size_of::<K>()) as u64, "a sort")?;
         transform::sort(keys, payloads, with_row_ids, spec)
     }
 
