@@ -213,7 +213,7 @@ impl<B: JoinBackend> Partition<'_, B> {
     }
 
     /// The probe plan for loading a chunk: a build side being prepared
-    /// whole gives it before it is on the device.
+    /// whole gives it while it is still being prepared.
     async fn plan_now(&self) -> Result<PlanNow<B>> {
         if let BuildSource::Preparing(pending, _) = &self.build
             && let Some(plan) = pending.probe_plan().await?
