@@ -3,12 +3,12 @@
 //! Buffers come from the device's stream-ordered memory pool, within the
 //! GPU join's memory budget, and go back to it when dropped. Uploads are
 //! written by their producer (a copy, or the key encoder) straight into
-//! pinned memory, so that no host copy of their values is made on the way:
-//! into a block of the pinned pool when it has one to spare, a slice at a
-//! time, each slice's transfer only enqueued, else into two pinned staging
-//! buffers; either way filling one part overlaps the transfer of the one
-//! before. Large downloads go through the staging buffers unless their
-//! target is pinned.
+//! pinned memory, by stores that bypass the CPU's caches, so that no host
+//! copy of their values is made on the way: into a block of the pinned
+//! pool when it has one to spare, a slice at a time, each slice's transfer
+//! only enqueued, else into two pinned staging buffers; either way filling
+//! one part overlaps the transfer of the one before. Large downloads go
+//! through the staging buffers unless their target is pinned.
 
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -22,6 +22,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::device::{CudaDevice, cuda_error};
+use super::uncached::fill_uncached;
 use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
 /// Transfers up to this size skip the staging buffers.
@@ -301,9 +302,10 @@ impl<T: Copy + Sync> DeviceBuffer<T> {
         let buffer = Self::alloc(instance, len, what)?;
         let width = size_of::<T>();
         let fill_bytes = |offset: usize, bytes: &mut [u8]| {
-            // SAFETY: pieces start at multiples of PIECE_BYTES (a multiple of
-            // the element size) in buffers aligned for any element, and every
-            // bit pattern of the bytes is overwritten by `fill`.
+            // SAFETY: pieces start at multiples of the element size (of
+            // PIECE_BYTES, or of the scratch size of `fill_uncached`) in
+            // buffers aligned for any element, and every bit pattern of the
+            // bytes is overwritten by `fill`.
             let out = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / width) };
             fill(offset / width, out)
         };
@@ -395,10 +397,14 @@ fn parallel_copy(from: &[u8], to: &mut [u8]) {
     to.par_chunks_mut(PIECE_BYTES).zip(from.par_chunks(PIECE_BYTES)).for_each(|(t, f)| t.copy_from_slice(f));
 }
 
-/// Fills `bytes` in pieces on rayon's threads; piece offsets are relative
-/// to `first`, the offset of `bytes` in the whole transfer.
+/// Fills pinned `bytes` in pieces on rayon's threads, past the caches (see
+/// [`fill_uncached`]); piece offsets are relative to `first`, the offset of
+/// `bytes` in the whole transfer.
 fn parallel_fill(first: usize, bytes: &mut [u8], fill: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync)) -> Result<()> {
-    bytes.par_chunks_mut(PIECE_BYTES).enumerate().try_for_each(|(i, piece)| fill(first + i * PIECE_BYTES, piece))
+    bytes
+        .par_chunks_mut(PIECE_BYTES)
+        .enumerate()
+        .try_for_each(|(i, piece)| fill_uncached(first + i * PIECE_BYTES, piece, fill))
 }
 
 fn staging_events(instance: &Instance) -> Result<[CudaEvent; 2]> {

@@ -10,6 +10,7 @@ mod matching;
 mod memory;
 mod pinned;
 mod transform;
+mod uncached;
 
 use std::sync::Arc;
 
