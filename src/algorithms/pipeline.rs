@@ -161,6 +161,16 @@ impl StagedKeys {
         Ok(Self { starts, pieces, rows })
     }
 
+    /// Lets the pieces go on every core: a build side's are thousands of
+    /// small allocations, which one thread frees in milliseconds while
+    /// every probe partition waits for the build side.
+    fn release(self) {
+        match self.pieces.len() >= PARALLEL_PIECES {
+            true => self.pieces.into_par_iter().with_min_len(PARALLEL_PIECES).for_each(drop),
+            false => drop(self.pieces),
+        }
+    }
+
     /// Encodes rows `first..first + out.len()`, piece by piece.
     fn encode_rows<K: NormalizedKey>(&self, encoder: &KeyEncoder, first: usize, out: &mut [K]) -> Result<()> {
         // The last piece starting at or before `first`: empty pieces that
@@ -264,6 +274,8 @@ pub fn prepare_build_side<B: JoinBackend>(
             KeyedRelation::U64(transform_build(backend, strategy.algorithm, encoder, &k, &payloads, with_row_ids)?)
         }
     };
+    // While the device transforms.
+    staged_keys.release();
     let visited = match definition.tracks_visited_build_rows() {
         true => Some(backend.new_flags(rows.rows())?),
         false => None,

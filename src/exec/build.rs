@@ -343,7 +343,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             metrics,
             options,
             schema,
-            batches,
+            mut batches,
             ranges,
             rows,
             bytes,
@@ -357,15 +357,14 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let mut timer = metrics.build_collect_time.timer();
         let sortable = self.keys_sort_on_device(ranges.as_ref())?;
         if passes == 1 && sortable && left_to_datafusion.is_none() {
-            let (assembler, parts, columns) =
-                (backend.clone(), batches.clone(), host_read_columns(&self.definition, &backend, &schema));
+            let (assembler, columns) = (backend.clone(), host_read_columns(&self.definition, &backend, &schema));
             let schema = Arc::clone(&schema);
             let host_rows = run_blocking("collecting the build side", move || {
-                on_build_pool(|| assemble_rows(&assembler, schema, parts, rows, &columns))
+                on_build_pool(|| assemble_rows(&assembler, schema, batches, rows, &columns))
             })
             .await?;
             timer.stop();
-            match self.prepare_admitted(&backend, &metrics, &options, host_rows, ranges, Some(planned)).await {
+            match self.prepare_admitted(&backend, &metrics, &options, host_rows.clone(), ranges, Some(planned)).await {
                 Ok(side) => {
                     return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
                 }
@@ -373,6 +372,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
                     log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");
                     metrics.out_of_memory_retries.add(1);
                     passes = PASSES_AFTER_OUT_OF_MEMORY;
+                    batches = host_rows.parts().to_vec();
                     timer.restart();
                 }
                 Err(e) => return Err(e),
