@@ -274,7 +274,8 @@ pub fn prepare_build_side<B: JoinBackend>(
             KeyedRelation::U64(transform_build(backend, strategy.algorithm, encoder, &k, &payloads, with_row_ids)?)
         }
     };
-    // While the device transforms.
+    // Let go while the device transforms, not on the way to the probe
+    // partitions.
     staged_keys.release();
     let visited = match definition.tracks_visited_build_rows() {
         true => Some(backend.new_flags(rows.rows())?),
