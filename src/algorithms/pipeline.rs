@@ -19,7 +19,9 @@ use super::materialize::{output_batch, probe_rows_passed_through};
 use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, each_probe_row_once, resolve_in_key_order, resolve_probe_chunk};
-use super::side::{ColumnPlacement, PlacedColumns, SideView, columns_held, has_host_columns, place_columns};
+use super::side::{
+    ColumnPlacement, PlacedColumns, SideView, columns_held, has_host_columns, place_columns, upload_columns,
+};
 use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
@@ -223,6 +225,45 @@ fn needs_row_ids<C>(
         || (side == JoinSide::Left && definition.null_aware)
 }
 
+/// A build side's keys, the encoding they take and the strategy chosen for
+/// them.
+struct EncodedChoice {
+    staged_keys: StagedKeys,
+    plan: Arc<ProbePlan>,
+    /// The key columns whole, only where something reads them on the host
+    /// (verification of hashed keys, null-aware joins); empty otherwise.
+    keys: Vec<ArrayRef>,
+}
+
+fn encode_and_choose<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    rows: &HostRows,
+    ranges: Option<&KeyRanges>,
+    profile: Option<std::result::Result<choice::CostProfile, String>>,
+) -> Result<EncodedChoice> {
+    let staged_keys = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
+    let ranges = match ranges {
+        Some(ranges) => ranges.clone(),
+        None => KeyRanges::of_pieces(&staged_keys.pieces),
+    };
+    let encoder = match &definition.key_order {
+        Some(order) => KeyEncoder::for_ordered_keys(&ranges, definition.null_equality, &order.sort_options)?
+            .ok_or_else(|| exec_datafusion_err!("GPU join: the build side's keys span too wide a range to sort"))?,
+        None => KeyEncoder::for_key_ranges(&ranges, definition.null_equality)?,
+    };
+    let keys = match encoder.exactness() == KeyExactness::NeedsVerification || definition.null_aware {
+        true => staged_keys.concatenated()?,
+        false => vec![],
+    };
+    let choice = choice::choose(profile, B::PREFERRED_GATHER_SPACE, definition, || {
+        choice::observe_shape(backend, definition, &encoder, &staged_keys.pieces, rows.rows())
+    })?;
+    let probe_encoder = encoder.for_probe_side();
+    let plan = Arc::new(ProbePlan { encoder, probe_encoder, choice, null_aware: NullAwareState::default() });
+    Ok(EncodedChoice { staged_keys, plan, keys })
+}
+
 /// Collects nothing itself: `rows` are the whole build side, and `ranges`
 /// the spans of its keys where they were gathered as it was collected.
 /// `planned` is handed the probe plan once the host has encoded the build
@@ -238,29 +279,19 @@ pub fn prepare_build_side<B: JoinBackend>(
     planned: impl FnOnce(&Arc<ProbePlan>),
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
-    let staged_keys = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
-    let ranges = match ranges {
-        Some(ranges) => ranges.clone(),
-        None => KeyRanges::of_pieces(&staged_keys.pieces),
-    };
-    let encoder = match &definition.key_order {
-        Some(order) => KeyEncoder::for_ordered_keys(&ranges, definition.null_equality, &order.sort_options)?
-            .ok_or_else(|| exec_datafusion_err!("GPU join: the build side's keys span too wide a range to sort"))?,
-        None => KeyEncoder::for_key_ranges(&ranges, definition.null_equality)?,
-    };
-    let keys = match encoder.exactness() == KeyExactness::NeedsVerification || definition.null_aware {
-        true => staged_keys.concatenated()?,
-        false => vec![],
-    };
-    let choice = choice::choose(choice::device_profile(backend), B::PREFERRED_GATHER_SPACE, definition, || {
-        choice::observe_shape(backend, definition, &encoder, &staged_keys.pieces, rows.rows())
-    })?;
-    let strategy = choice.strategy;
-    let probe_encoder = encoder.for_probe_side();
-    let plan = Arc::new(ProbePlan { encoder, probe_encoder, choice, null_aware: NullAwareState::default() });
-    let encoder = &plan.encoder;
-    let PlacedColumns { placements, to_transform } =
-        place_columns(backend, &rows, &definition.build_output_columns(), true, strategy.build_space)?;
+    // Measured, the first time, before any upload: not beside one.
+    let profile = choice::device_profile(backend);
+    // The output columns go up while the host works out how to encode the
+    // keys and which strategy to use: their upload depends on neither, and
+    // that work (a sample of scattered keys, mostly) leaves the memory
+    // bandwidth the copies need.
+    let (uploaded, keyed) = rayon::join(
+        || upload_columns(backend, &rows, &definition.build_output_columns(), true),
+        || encode_and_choose(backend, definition, &rows, ranges, profile),
+    );
+    let (uploaded, EncodedChoice { staged_keys, plan, keys }) = (uploaded?, keyed?);
+    let (encoder, strategy) = (&plan.encoder, plan.choice.strategy);
+    let PlacedColumns { placements, to_transform } = uploaded.placed(strategy.build_space);
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();

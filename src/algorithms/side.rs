@@ -30,10 +30,8 @@ pub(crate) struct PlacedColumns<C> {
     pub to_transform: Vec<C>,
 }
 
-/// Decides where each needed column of a side lives and uploads it: with
-/// `to_backend`, the columns of types the backend holds go to the backend
-/// (see [`HostRows::upload_column`]); the others, and every column without
-/// it, are taken on the host.
+/// Decides where each needed column of a side lives and uploads it (see
+/// [`upload_columns`]), placed for a side transformed in `space`.
 pub(crate) fn place_columns<B: JoinBackend>(
     backend: &B,
     rows: &HostRows,
@@ -41,26 +39,57 @@ pub(crate) fn place_columns<B: JoinBackend>(
     to_backend: bool,
     space: Space,
 ) -> Result<PlacedColumns<B::Column>> {
-    let mut placements: Placements<B::Column> = (0..rows.schema().fields().len()).map(|_| None).collect();
+    Ok(upload_columns(backend, rows, columns, to_backend)?.placed(space))
+}
+
+/// The needed columns of a side, uploaded or left on the host, before the
+/// space the side is transformed in is known.
+pub(crate) struct UploadedColumns<C> {
+    /// Columns of the side's schema.
+    width: usize,
+    /// Each needed column, with its copy in backend memory if it has one.
+    columns: Vec<(usize, Option<C>)>,
+}
+
+/// Uploads the needed columns of a side: with `to_backend`, those of types
+/// the backend holds (see [`HostRows::upload_column`]); the others, and
+/// every column without it, are taken on the host.
+pub(crate) fn upload_columns<B: JoinBackend>(
+    backend: &B,
+    rows: &HostRows,
+    columns: &[usize],
+    to_backend: bool,
+) -> Result<UploadedColumns<B::Column>> {
     let held = match to_backend {
         true => columns_held(backend, rows.schema(), columns),
         false => vec![],
     };
-    let mut to_transform = vec![];
-    for &i in columns {
-        if !held.contains(&i) {
-            placements[i] = Some(ColumnPlacement::Host);
-            continue;
+    let columns = columns
+        .iter()
+        .map(|&i| Ok((i, held.contains(&i).then(|| rows.upload_column(backend, i)).transpose()?)))
+        .collect::<Result<_>>()?;
+    Ok(UploadedColumns { width: rows.schema().fields().len(), columns })
+}
+
+impl<C> UploadedColumns<C> {
+    /// Where each column is read from in a side transformed in `space`:
+    /// uploaded columns are carried through the transform or gathered by
+    /// row.
+    pub fn placed(self, space: Space) -> PlacedColumns<C> {
+        let mut placements: Placements<C> = (0..self.width).map(|_| None).collect();
+        let mut to_transform = vec![];
+        for (i, column) in self.columns {
+            placements[i] = Some(match column {
+                None => ColumnPlacement::Host,
+                Some(column) if space == Space::Transformed => {
+                    to_transform.push(column);
+                    ColumnPlacement::Transformed(to_transform.len() - 1)
+                }
+                Some(column) => ColumnPlacement::Device(column),
+            });
         }
-        let column = rows.upload_column(backend, i)?;
-        placements[i] = Some(if space == Space::Transformed {
-            to_transform.push(column);
-            ColumnPlacement::Transformed(to_transform.len() - 1)
-        } else {
-            ColumnPlacement::Device(column)
-        });
+        PlacedColumns { placements, to_transform }
     }
-    Ok(PlacedColumns { placements, to_transform })
 }
 
 /// Those of `columns` whose type the backend holds: the columns a side
