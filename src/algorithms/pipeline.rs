@@ -235,6 +235,8 @@ struct EncodedChoice {
     keys: Vec<ArrayRef>,
 }
 
+/// Stages the build side's key columns, picks the encoding their spans
+/// allow and chooses the strategy from a sample of them.
 fn encode_and_choose<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
@@ -279,7 +281,8 @@ pub fn prepare_build_side<B: JoinBackend>(
     planned: impl FnOnce(&Arc<ProbePlan>),
 ) -> Result<BuildSide<B>> {
     let timer = timers.transform.timer();
-    // Measured, the first time, before any upload: not beside one.
+    // Measured once per device and kept: measured beside this side's
+    // upload, it would time the primitives against that upload.
     let profile = choice::device_profile(backend);
     // The output columns go up while the host works out how to encode the
     // keys and which strategy to use: their upload depends on neither, and
