@@ -242,7 +242,7 @@ fn encode_and_choose<B: JoinBackend>(
     definition: &JoinDefinition,
     rows: &HostRows,
     ranges: Option<&KeyRanges>,
-    profile: Option<std::result::Result<choice::CostProfile, String>>,
+    profile: choice::DeviceProfile,
 ) -> Result<EncodedChoice> {
     let staged_keys = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
     let ranges = match ranges {

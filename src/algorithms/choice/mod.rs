@@ -17,7 +17,7 @@ mod shape;
 pub use cost::{Estimate, estimate};
 pub(crate) use observe::observe_shape;
 pub use observe::{PlannedSizes, plan_statistics, planned_sizes};
-pub use profile::{CostProfile, PROFILE_ROWS, device_profile, measure};
+pub use profile::{CostProfile, DeviceProfile, PROFILE_ROWS, device_profile, measure};
 pub use shape::{JoinShape, KeyEstimates, KeySample, SampleRows, estimate_keys, sample_rows};
 
 use datafusion::error::Result;
@@ -110,7 +110,7 @@ pub fn planned(preference: Space, definition: &JoinDefinition, weighs: bool) -> 
 /// (`None` for backends without one); `shape` is only observed when there
 /// is something to weigh.
 pub fn choose(
-    profile: Option<std::result::Result<CostProfile, String>>,
+    profile: DeviceProfile,
     preference: Space,
     definition: &JoinDefinition,
     shape: impl FnOnce() -> Result<JoinShape>,

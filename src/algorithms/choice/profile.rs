@@ -139,12 +139,16 @@ impl CostProfile {
     }
 }
 
+/// A device's cost profile as asked for: `None` for backends without one,
+/// an error where it could not be measured.
+pub type DeviceProfile = Option<std::result::Result<CostProfile, String>>;
+
 /// The profile of the device `backend` runs on: measured the first time
 /// this process asks (other asks wait for it), unless a process measured it
 /// before and left it on disk. `None` for backends without one. A failed
 /// measurement (the device full, say) is not kept: the next ask measures
 /// again.
-pub fn device_profile<B: JoinBackend>(backend: &B) -> Option<std::result::Result<CostProfile, String>> {
+pub fn device_profile<B: JoinBackend>(backend: &B) -> DeviceProfile {
     /// A device's profile once measured; asks wait on its lock meanwhile.
     type Slot = Arc<Mutex<Option<CostProfile>>>;
     static PROFILES: OnceLock<Mutex<HashMap<String, Slot>>> = OnceLock::new();
