@@ -48,7 +48,8 @@ steps=${*:-tests primitives-large memcheck bench sweep operator stress tpch}
 for name in $steps; do
     case $name in
     tests) step tests ./bin/integration --test-threads 2 ;;
-    primitives-large) step primitives-large env GPU_JOIN_PRIMITIVE_MAX_ROWS=$((1 << 27)) ./bin/integration primitives ;;
+    primitives-large) step primitives-large env GPU_JOIN_PRIMITIVE_MAX_ROWS=$((1 << 27)) \
+        ./bin/integration --test-threads 3 primitives ;;
     memcheck) step memcheck env GPU_JOIN_FUZZ_CASES=150 "$sanitizer" --tool memcheck --error-exitcode 1 \
         ./bin/integration --test-threads 1 primitives fuzz ;;
     bench) step bench ./bin/kernels --bench ;;

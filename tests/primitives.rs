@@ -479,21 +479,60 @@ fn check_concurrent_uploads<B: JoinBackend>(device: &B::Device, rng: &mut StdRng
     });
 }
 
-fn check_backend<B: JoinBackend>(device: &B::Device) {
+/// A generator seeded afresh for one check, its seed printed so that a
+/// failure can be replayed.
+fn fresh_rng(check: &str) -> StdRng {
     let seed = seed();
-    println!("primitives: seed {seed} (GPU_JOIN_PRIMITIVE_SEED), up to {} rows", max_rows());
-    let mut rng = StdRng::seed_from_u64(seed);
-    check_transform_and_match::<B, u32>(device, &mut rng, "32-bit keys");
-    check_transform_and_match::<B, u64>(device, &mut rng, "64-bit keys");
-    check_gathers_and_flags::<B>(device, &mut rng);
-    check_foreign_key_gathers::<B>(device, &mut rng);
-    check_concurrent_uploads::<B>(device, &mut rng);
+    println!("primitives, {check}: seed {seed} (GPU_JOIN_PRIMITIVE_SEED), up to {} rows", max_rows());
+    StdRng::seed_from_u64(seed)
+}
+
+/// Runs `$check` with `$backend` the type of the backend under test and
+/// `$device` its device. One test per check, so that the largest sizes run
+/// side by side, and one can be run alone.
+macro_rules! on_test_backend {
+    ($backend:ident, $device:ident => $check:expr) => {
+        match test_backend() {
+            BackendHandle::Cpu => {
+                type $backend = CpuBackend;
+                let $device = &();
+                $check
+            }
+            BackendHandle::Cuda(device) => {
+                type $backend = CudaBackend;
+                let $device = &device;
+                $check
+            }
+        }
+    };
 }
 
 #[test]
-fn primitives_match_the_cpu_reference() {
-    match test_backend() {
-        BackendHandle::Cpu => check_backend::<CpuBackend>(&()),
-        BackendHandle::Cuda(device) => check_backend::<CudaBackend>(&device),
-    }
+fn transform_and_match_32_bit_keys() {
+    let mut rng = fresh_rng("transform and match, 32-bit keys");
+    on_test_backend!(B, device => check_transform_and_match::<B, u32>(device, &mut rng, "32-bit keys"));
+}
+
+#[test]
+fn transform_and_match_64_bit_keys() {
+    let mut rng = fresh_rng("transform and match, 64-bit keys");
+    on_test_backend!(B, device => check_transform_and_match::<B, u64>(device, &mut rng, "64-bit keys"));
+}
+
+#[test]
+fn gathers_and_flags() {
+    let mut rng = fresh_rng("gathers and flags");
+    on_test_backend!(B, device => check_gathers_and_flags::<B>(device, &mut rng));
+}
+
+#[test]
+fn foreign_key_gathers() {
+    let mut rng = fresh_rng("foreign-key gathers");
+    on_test_backend!(B, device => check_foreign_key_gathers::<B>(device, &mut rng));
+}
+
+#[test]
+fn concurrent_uploads() {
+    let mut rng = fresh_rng("concurrent uploads");
+    on_test_backend!(B, device => check_concurrent_uploads::<B>(device, &mut rng));
 }
