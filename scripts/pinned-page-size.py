@@ -55,17 +55,15 @@ for name, src in (("src 4k", s4k), ("src THP", sth)):
             r = [run(src, dst, dma) for _ in range(5)]
             c = sorted(x[0] for x in r)[2]; tot = sorted(x[1] for x in r)[2]
             print(f"{name} -> {dname}{' + 1GiB DMA' if dma else ''}: copy {c:.1f} ms ({GB/c/1e6:.1f} GB/s), all {tot:.1f} ms")
+def transfer_ms(dst_ptr, src_ptr, kind, stream):
+    """Median of 5 transfers of 1 GiB (kind 1: up, 2: down)."""
+    ts = []
+    for _ in range(5):
+        stream.synchronize(); t0 = time.perf_counter()
+        rt.memcpyAsync(dst_ptr, src_ptr, GB, kind, stream.ptr); stream.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return sorted(ts)[2]
+st = cp.cuda.Stream(non_blocking=True)
 for dname, dst in (("cudaHostAlloc", dst_alloc), ("registered THP", dst_th), ("registered 4k", dst_4k)):
-    st = cp.cuda.Stream(non_blocking=True)
-    ts = []
-    for _ in range(5):
-        st.synchronize(); t0 = time.perf_counter()
-        rt.memcpyAsync(d.data.ptr, dst.ctypes.data, GB, 1, st.ptr); st.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    print(f"DMA up from {dname}: {sorted(ts)[2]:.1f} ms")
-    ts = []
-    for _ in range(5):
-        st.synchronize(); t0 = time.perf_counter()
-        rt.memcpyAsync(dst.ctypes.data, d.data.ptr, GB, 2, st.ptr); st.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    print(f"DMA down into {dname}: {sorted(ts)[2]:.1f} ms")
+    print(f"DMA up from {dname}: {transfer_ms(d.data.ptr, dst.ctypes.data, 1, st):.1f} ms")
+    print(f"DMA down into {dname}: {transfer_ms(dst.ctypes.data, d.data.ptr, 2, st):.1f} ms")
