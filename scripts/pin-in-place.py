@@ -21,41 +21,32 @@ def fresh(n):
     a[:] = np.arange(a.size, dtype=np.int32)
     return a
 
-# 1. one 1 GiB region, one thread
-for rep in range(3):
-    a = fresh(GB)
+def register_one_call(a):
     ms, _ = t(rt.hostRegister, a.ctypes.data, a.nbytes, 0)
     ms2, _ = t(rt.hostUnregister, a.ctypes.data)
-    print(f"register 1GiB one call: {ms:.1f} ms ({a.nbytes/ms/1e6:.1f} GB/s), unregister {ms2:.1f} ms")
+    return ms, ms2
 
-# 2. 1 GiB as 16 pieces on 16 threads
+def register_on_threads(a, pool, pieces=16):
+    piece = a.nbytes // pieces
+    starts = [a.ctypes.data + i * piece for i in range(pieces)]
+    ms, _ = t(lambda: list(pool.map(lambda p: rt.hostRegister(p, piece, 0), starts)))
+    ms2, _ = t(lambda: list(pool.map(rt.hostUnregister, starts)))
+    return ms, ms2
+
+# 1 and 2. one 1 GiB region, in one call and as 16 pieces on 16 threads,
+# with huge pages (NumPy's default for large arrays) and without
 pool = ThreadPoolExecutor(16)
-for rep in range(3):
-    a = fresh(GB)
-    piece = a.nbytes // 16
-    def reg(i): rt.hostRegister(a.ctypes.data + i * piece, piece, 0)
-    def unreg(i): rt.hostUnregister(a.ctypes.data + i * piece)
-    s = time.perf_counter(); list(pool.map(reg, range(16))); ms = (time.perf_counter() - s) * 1e3
-    s = time.perf_counter(); list(pool.map(unreg, range(16))); ms2 = (time.perf_counter() - s) * 1e3
-    print(f"register 1GiB 16 threads: {ms:.1f} ms ({a.nbytes/ms/1e6:.1f} GB/s), unregister {ms2:.1f} ms")
-
-# 2b. the same without huge pages
-try:
-    multiarray = getattr(np, "_core", None) or np.core
-    multiarray.multiarray._set_madvise_hugepage(False)
-    for rep in range(2):
+numpy_core = getattr(np, "_core", None) or np.core
+for huge in (True, False):
+    numpy_core.multiarray._set_madvise_hugepage(huge)
+    pages = "2MiB pages" if huge else "4KiB pages"
+    for rep in range(3):
         a = fresh(GB)
-        ms, _ = t(rt.hostRegister, a.ctypes.data, a.nbytes, 0)
-        ms2, _ = t(rt.hostUnregister, a.ctypes.data)
-        print(f"no-THP register 1GiB one call: {ms:.1f} ms ({a.nbytes/ms/1e6:.1f} GB/s), unregister {ms2:.1f} ms")
-        a = fresh(GB)
-        piece = a.nbytes // 16
-        s = time.perf_counter(); list(pool.map(lambda i: rt.hostRegister(a.ctypes.data + i * piece, piece, 0), range(16))); ms = (time.perf_counter() - s) * 1e3
-        list(pool.map(lambda i: rt.hostUnregister(a.ctypes.data + i * piece), range(16)))
-        print(f"no-THP register 1GiB 16 threads: {ms:.1f} ms ({a.nbytes/ms/1e6:.1f} GB/s)")
-    multiarray.multiarray._set_madvise_hugepage(True)
-except Exception as e:
-    print("no-THP test failed", e)
+        ms, ms2 = register_one_call(a)
+        print(f"{pages}: register 1GiB one call: {ms:.1f} ms ({GB/ms/1e6:.1f} GB/s), unregister {ms2:.1f} ms")
+        ms, ms2 = register_on_threads(fresh(GB), pool)
+        print(f"{pages}: register 1GiB 16 threads: {ms:.1f} ms ({GB/ms/1e6:.1f} GB/s), unregister {ms2:.1f} ms")
+numpy_core.multiarray._set_madvise_hugepage(True)
 
 # 3. many small regions (64 KiB each, page aligned) one thread
 a = fresh(GB // 4)
@@ -81,16 +72,16 @@ for rep in range(3):
 # 5. DMA from pinned, and from registered memory; zero-copy kernel read
 d = cp.empty(GB // 4, dtype=np.int32)
 st = cp.cuda.Stream(non_blocking=True)
-for rep in range(3):
+def upload_ms(host_ptr):
     st.synchronize(); s = time.perf_counter()
-    rt.memcpyAsync(d.data.ptr, dst.ctypes.data, GB, 1, st.ptr); st.synchronize()
-    ms = (time.perf_counter() - s) * 1e3
+    rt.memcpyAsync(d.data.ptr, host_ptr, GB, 1, st.ptr); st.synchronize()
+    return (time.perf_counter() - s) * 1e3
+for rep in range(3):
+    ms = upload_ms(dst.ctypes.data)
     print(f"DMA 1GiB from pinned: {ms:.1f} ms ({GB/ms/1e6:.1f} GB/s)")
 rt.hostRegister(src.ctypes.data, src.nbytes, 0)
 for rep in range(3):
-    st.synchronize(); s = time.perf_counter()
-    rt.memcpyAsync(d.data.ptr, src.ctypes.data, GB, 1, st.ptr); st.synchronize()
-    ms = (time.perf_counter() - s) * 1e3
+    ms = upload_ms(src.ctypes.data)
     print(f"DMA 1GiB from registered: {ms:.1f} ms ({GB/ms/1e6:.1f} GB/s)")
 # DMA of many 32 KiB pieces from registered memory
 for rep in range(2):
@@ -102,16 +93,15 @@ for rep in range(2):
     ms = (time.perf_counter() - s) * 1e3
     print(f"DMA {n} x 32KiB from registered: {ms:.1f} ms ({n*step/ms/1e6:.1f} GB/s)")
 k = cp.RawKernel(r'''
-extern "C" __global__ void rd(const int4* __restrict__ p, long long n, int4* out, int4* d) {
+extern "C" __global__ void rd(const int4* __restrict__ p, long long n, int4* d) {
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   long long stride = (long long)gridDim.x * blockDim.x;
   for (; i < n; i += stride) { d[i] = p[i]; }
 }''', 'rd')
-out = cp.zeros(4, dtype=np.int32)
 for blocks in (264, 1056, 4224):
     for rep in range(2):
         cp.cuda.Device().synchronize(); s = time.perf_counter()
-        k((blocks,), (256,), (np.uint64(src.ctypes.data), np.int64(GB // 16), out, d))
+        k((blocks,), (256,), (np.uint64(src.ctypes.data), np.int64(GB // 16), d))
         cp.cuda.Device().synchronize()
         ms = (time.perf_counter() - s) * 1e3
         print(f"kernel reads 1GiB registered, {blocks} blocks: {ms:.1f} ms ({GB/ms/1e6:.1f} GB/s)")
