@@ -19,6 +19,10 @@
 //! `ordered` (only when named) runs the narrow join planned as a sort-merge
 //! join whose order an aggregate relies on, against DataFusion's.
 //!
+//! `pruned` (only when named) runs a star join over Parquet, where the
+//! hash join's dynamic filter lets the fact table's scan skip most of it:
+//! both sessions with the filter and without.
+//!
 //! Last, `passes` runs the narrow query with a device budget of half the
 //! build side's bytes, so that the build side is joined in passes, and
 //! checks its result against DataFusion's (median of 3 runs after one).
@@ -29,6 +33,7 @@
 //! GPU_JOIN_BENCH_ONLY=narrow cargo bench --bench operator  # one workload
 //! GPU_JOIN_BENCH_ONLY=passes cargo bench --bench operator  # build side twice the budget
 //! GPU_JOIN_BENCH_ONLY=ordered cargo bench --bench operator # a sort-merge join's order kept
+//! GPU_JOIN_BENCH_ONLY=pruned cargo bench --bench operator  # the probe scan pruned by the build side
 //! GPU_JOIN_BENCH_BATCH_ROWS=131072 cargo bench --bench operator # input batches of 131072 rows
 //! GPU_JOIN_BENCH_SETTINGS='set gpu_join.probe_chunk_rows = 4194304' \
 //!   GPU_JOIN_BENCH_GPU_ONLY=1 cargo bench --bench operator  # GPU session settings; DataFusion not timed
@@ -221,6 +226,13 @@ fn keys(scale: usize) -> (Vec<i32>, Vec<i32>) {
 }
 
 fn session(gpu: bool, r: &Arc<MemTable>, s: &Arc<MemTable>) -> SessionContext {
+    let ctx = session_without_tables(gpu);
+    ctx.register_table("r", Arc::clone(r) as _).expect("r");
+    ctx.register_table("s", Arc::clone(s) as _).expect("s");
+    ctx
+}
+
+fn session_without_tables(gpu: bool) -> SessionContext {
     // Every size on the GPU, so that scaled-down runs measure the GPU join
     // too rather than `min_rows` or `min_build_rows` keeping it on DataFusion.
     let mut options = GpuJoinConfig::default();
@@ -228,10 +240,7 @@ fn session(gpu: bool, r: &Arc<MemTable>, s: &Arc<MemTable>) -> SessionContext {
     options.min_build_rows = 0;
     let config = SessionConfig::new().with_target_partitions(PARTITIONS).with_option_extension(options);
     let builder = SessionStateBuilder::new().with_config(config).with_default_features();
-    let ctx = SessionContext::new_with_state(if gpu { builder.with_gpu_join() } else { builder }.build());
-    ctx.register_table("r", Arc::clone(r) as _).expect("r");
-    ctx.register_table("s", Arc::clone(s) as _).expect("s");
-    ctx
+    SessionContext::new_with_state(if gpu { builder.with_gpu_join() } else { builder }.build())
 }
 
 /// The SQL statements of a `;`-separated settings variable.
@@ -467,8 +476,14 @@ fn operator(c: &mut Criterion) {
     if only.split('|').any(|n| n == "ordered") {
         runtime.block_on(sort_merge_order_relied_on(build_keys.clone(), probe_keys.clone()));
     }
+    if only.split('|').any(|n| n == "pruned") {
+        runtime.block_on(probe_scan_pruned(scale));
+    }
     if only.is_empty() || only.split('|').any(|n| n == "passes") {
         runtime.block_on(build_twice_the_budget(build_keys, probe_keys, &settings));
+    }
+    if rows.is_empty() {
+        return;
     }
     println!(
         "\nmedian (ms) over the measured runs; GB up / down = what the join moved; PCIe floor = the larger of the \
@@ -560,6 +575,110 @@ async fn sort_merge_order_relied_on(build_keys: Vec<i32>, probe_keys: Vec<i32>) 
     println!("| DataFusion (SortMergeJoinExec) | GPU session (GpuJoinExec in key order) | speed-up | result |");
     println!("|---|---|---|---|");
     println!("| {cpu_ms:.0} ms | {gpu_ms:.0} ms | {:.1}x | equal to DataFusion's |", cpu_ms / gpu_ms);
+}
+
+/// A star join over Parquet: the fact table `f` (2^26 rows, sorted by its
+/// key, in row groups of DataFusion's default 1M rows) with the rows of one
+/// band of 1/64 of the dimension `d`'s keys, picked by an attribute.
+/// DataFusion's hash join hands the span of the build side's keys to `f`'s
+/// scan, which skips the row groups outside it; so does the GPU join. Each
+/// session also runs with `enable_join_dynamic_filter_pushdown` off: for
+/// the GPU session that is what it did before it planted the filter. Median
+/// of 5 runs after one, the sessions taking turns.
+async fn probe_scan_pruned(scale: usize) {
+    let rows = (1usize << 26) / scale;
+    let dir = tempfile::tempdir().expect("a directory for the tables");
+    let writer = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(PARTITIONS));
+    let band = rows / 64;
+    for (table, select) in [
+        ("f", format!("select value as k, (value * 7) % 1000 as v from generate_series(0, {})", rows - 1)),
+        (
+            "d",
+            format!(
+                "select value as k, value / {band} as band, value % 100 as w from generate_series(0, {})",
+                rows - 1
+            ),
+        ),
+    ] {
+        let path = dir.path().join(format!("{table}.parquet"));
+        let copy = format!("copy ({select}) to '{}' stored as parquet", path.display());
+        writer.sql(&copy).await.expect("a copy").collect().await.expect("written");
+    }
+    let off = "set datafusion.optimizer.enable_join_dynamic_filter_pushdown = false";
+    let sessions =
+        [("DataFusion", false, ""), ("GPU session", true, ""), ("DataFusion", false, off), ("GPU session", true, off)];
+    let mut contexts = vec![];
+    for (_, gpu, setting) in sessions {
+        let ctx = session_without_tables(gpu);
+        for table in ["f", "d"] {
+            let path = dir.path().join(format!("{table}.parquet"));
+            let create = format!("create external table {table} stored as parquet location '{}'", path.display());
+            ctx.sql(&create).await.expect("a table").collect().await.expect("registered");
+        }
+        for statement in statements(setting) {
+            ctx.sql(statement).await.expect("a setting").collect().await.expect("set");
+        }
+        contexts.push(ctx);
+    }
+    let query = "select count(*), sum(f.v), sum(d.w) from f join d on f.k = d.k where d.band = 17";
+    let mut expected = None;
+    let mut times = vec![vec![]; sessions.len()];
+    let mut scanned = vec![0; sessions.len()];
+    let mut joins = vec![String::new(); sessions.len()];
+    for run in 0..6 {
+        for (i, ctx) in contexts.iter().enumerate() {
+            let plan = ctx.sql(query).await.expect("planned").create_physical_plan().await.expect("a plan");
+            let start = Instant::now();
+            let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await.expect("ran");
+            let elapsed = start.elapsed();
+            match &expected {
+                None => expected = Some(batches),
+                Some(expected) => assert_eq!(expected, &batches, "pruned: {} differs", sessions[i].0),
+            }
+            if run > 0 {
+                times[i].push(elapsed);
+            }
+            scanned[i] = rows_scanned_from(&plan, "f.parquet");
+            joins[i] = join_and_mode(&plan);
+        }
+    }
+    println!(
+        "
+the probe scan pruned by the build side's key span ({rows} fact rows, {band} build rows):"
+    );
+    println!("| session | dynamic filter pushdown | ms (plan executed) | rows from f's scan | join |");
+    println!("|---|---|---|---|---|");
+    for (i, (name, _, setting)) in sessions.iter().enumerate() {
+        let times = std::mem::take(&mut times[i]);
+        println!(
+            "| {name} | {} | {:.1} | {} | {} |",
+            if setting.is_empty() { "on" } else { "off" },
+            median(times).as_secs_f64() * 1e3,
+            scanned[i],
+            joins[i]
+        );
+    }
+}
+
+/// The plan's join operator and its mode, as EXPLAIN names them.
+fn join_and_mode(plan: &Arc<dyn ExecutionPlan>) -> String {
+    let line = datafusion::physical_plan::displayable(plan.as_ref()).one_line().to_string();
+    let name = line.split(':').next().unwrap_or_default();
+    if name.ends_with("JoinExec") {
+        let mode = line.split("mode=").nth(1).and_then(|m| m.split(',').next()).unwrap_or_default();
+        return format!("{name} {mode}");
+    }
+    plan.children().into_iter().map(join_and_mode).find(|found| !found.is_empty()).unwrap_or_default()
+}
+
+/// The rows the plan's scans of `file` handed on.
+fn rows_scanned_from(plan: &Arc<dyn ExecutionPlan>, file: &str) -> usize {
+    let line = datafusion::physical_plan::displayable(plan.as_ref()).one_line().to_string();
+    let own = match line.starts_with("DataSourceExec") && line.contains(file) {
+        true => plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0),
+        false => 0,
+    };
+    own + plan.children().into_iter().map(|child| rows_scanned_from(child, file)).sum::<usize>()
 }
 
 /// The narrow join with a device budget of half the build side's bytes;

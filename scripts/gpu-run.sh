@@ -10,6 +10,7 @@
 #   bench             the kernel benchmark (GFTR paper workload)
 #   sweep             the kernel benchmark's sweep of algorithm = auto
 #   operator          the operator benchmark: GPU session against DataFusion
+#   pruned            a star join over Parquet, the probe scan pruned by the build side's keys
 #   stress            16 concurrent queries for GPU_JOIN_STRESS_SECONDS (default 180)
 #   tpch              TPC-H SF 1 against the official answers and DataFusion
 # Each step writes LOG_DIR/STEP.log; LOG_DIR/summary.txt lists exit codes.
@@ -55,6 +56,7 @@ for name in $steps; do
     bench) step bench ./bin/kernels --bench ;;
     sweep) step sweep env GPU_JOIN_BENCH_SWEEP=1 ./bin/kernels --bench ;;
     operator) step operator ./bin/operator --bench ;;
+    pruned) step pruned env GPU_JOIN_BENCH_ONLY=pruned ./bin/operator --bench ;;
     stress) step stress env GPU_JOIN_STRESS_SECONDS="${GPU_JOIN_STRESS_SECONDS:-180}" \
         ./bin/integration --nocapture reliability::concurrent ;;
     tpch) step tpch ./bin/tpch --sf 1 --validate --compare ;;

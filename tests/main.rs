@@ -5,6 +5,7 @@
 
 mod common;
 
+mod dynamic_filters;
 mod fuzz;
 mod kernels;
 mod plans;

@@ -280,8 +280,14 @@ impl<B: JoinBackend> DeviceJoin<B> {
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
         let reservation = Arc::new(reservation);
         let keys = &self.definition.build_keys;
+        // Sent whatever the build side becomes: the spans bound what it can
+        // match, on the device or in DataFusion's operator.
+        let report = inputs.probe_filter.as_ref().map(|filter| filter.report());
         let (batches, ranges) =
             collect_input(&inputs.left, partition, &inputs.context, &reservation, keys, rows_in).await?;
+        if let Some(report) = report {
+            report.send(ranges.as_ref());
+        }
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();

@@ -13,20 +13,27 @@ mod fallback;
 mod key_order;
 mod metrics;
 mod passes;
+mod probe_filter;
 mod probe_yield;
 mod read_ahead;
 mod runner;
 mod staging;
 mod stream;
 
+use std::any::Any;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{JoinType, NullEquality, internal_err};
+use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::joins::utils::{JoinFilter, JoinOn, build_join_schema};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
@@ -43,6 +50,7 @@ use crate::config::GpuJoinConfig;
 use key_order::OrderedOutput;
 pub(crate) use key_order::SortMergeOrder;
 use metrics::GpuJoinMetrics;
+use probe_filter::ProbeFilter;
 use runner::{JoinRunner, PartitionInputs, runner_for};
 
 /// The DataFusion operator a `GpuJoinExec` took the place of.
@@ -73,6 +81,8 @@ pub struct GpuJoinExec {
     chosen: Arc<chosen::ChosenStrategies>,
     /// Set when the output leaves in a replaced sort-merge join's order.
     ordered: Option<OrderedOutput>,
+    /// The dynamic filter planted in the probe side's scan, if any.
+    probe_filter: Option<Arc<ProbeFilter>>,
 }
 
 fn probe_keys(twin: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
@@ -120,7 +130,7 @@ impl GpuJoinExec {
         let ordered = order.map(|order| order.output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
         let definition = Arc::new(Self::definition(&twin, options, key_order)?);
-        Ok(Self::assemble(twin, definition, backend, replaces, ordered))
+        Self::assemble(twin, definition, backend, replaces, ordered, None)
     }
 
     fn assemble(
@@ -129,7 +139,10 @@ impl GpuJoinExec {
         backend: BackendHandle,
         replaces: ReplacedOperator,
         ordered: Option<OrderedOutput>,
-    ) -> Self {
+        dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    ) -> Result<Self> {
+        // A fresh one per plan node, as the runner: its build sides report anew.
+        let probe_filter = dynamic_filter.map(|filter| ProbeFilter::new(filter, &twin).map(Arc::new)).transpose()?;
         let chosen = Arc::default();
         let runner = runner_for(
             &backend,
@@ -138,7 +151,8 @@ impl GpuJoinExec {
             twin.right().output_partitioning().partition_count(),
             Arc::clone(&chosen),
         );
-        Self { twin, definition, backend, replaces, runner, metrics: ExecutionPlanMetricsSet::new(), chosen, ordered }
+        let metrics = ExecutionPlanMetricsSet::new();
+        Ok(Self { twin, definition, backend, replaces, runner, metrics, chosen, ordered, probe_filter })
     }
 
     fn definition(twin: &HashJoinExec, options: &GpuJoinConfig, key_order: Option<KeyOrder>) -> Result<JoinDefinition> {
@@ -166,8 +180,11 @@ impl GpuJoinExec {
         })
     }
 
-    fn with_twin(&self, twin: HashJoinExec) -> Result<Self> {
-        let twin = Arc::new(twin);
+    fn with_twin(
+        &self,
+        twin: Arc<HashJoinExec>,
+        dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    ) -> Result<Self> {
         let ordered = self.ordered.as_ref().map(|o| o.order.clone().output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
         let definition = Arc::new(JoinDefinition {
@@ -177,7 +194,11 @@ impl GpuJoinExec {
             key_order,
             ..self.definition.as_ref().clone()
         });
-        Ok(Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered))
+        Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered, dynamic_filter)
+    }
+
+    fn dynamic_filter(&self) -> Option<Arc<DynamicFilterPhysicalExpr>> {
+        self.probe_filter.as_ref().map(|f| Arc::clone(f.filter()))
     }
 
     pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
@@ -281,7 +302,53 @@ impl ExecutionPlan for GpuJoinExec {
     ) -> Result<TreeNodeRecursion> {
         let keys = self.twin.on().iter().flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]);
         let filter = self.twin.filter().map(|f| Arc::clone(f.expression()));
-        apply_expression_roots(keys.chain(filter), f)
+        apply_expression_roots(keys.chain(filter).chain(self.dynamic_expressions_produced()), f)
+    }
+
+    fn dynamic_expressions_produced(&self) -> Vec<Arc<dyn PhysicalExpr>> {
+        self.dynamic_filter().into_iter().map(|f| f as Arc<dyn PhysicalExpr>).collect()
+    }
+
+    /// The twin routes the parent's filters to the children exactly as the
+    /// hash join would, and in the `Post` phase adds a dynamic filter for
+    /// the probe side where the hash join would plant one. A join that has
+    /// its filter already asks as in the `Pre` phase, which routes the same
+    /// parent filters and adds none, so that a second pass plants no copy.
+    fn gather_filters_for_pushdown(
+        &self,
+        phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        let phase = match (phase, &self.probe_filter) {
+            (FilterPushdownPhase::Post, Some(_)) => FilterPushdownPhase::Pre,
+            (phase, _) => phase,
+        };
+        self.twin.gather_filters_for_pushdown(phase, parent_filters, config)
+    }
+
+    /// A parent filter is taken where a child took it, as by the hash join;
+    /// the dynamic filter the probe side received is kept to be fed.
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let planted = child_pushdown_result.self_filters.get(1).and_then(|filters| filters.first());
+        let dynamic = planted.and_then(|f| {
+            let planted: Arc<dyn PhysicalExpr> = Arc::clone(&f.predicate);
+            let planted: Arc<dyn Any + Send + Sync> = planted;
+            Arc::downcast::<DynamicFilterPhysicalExpr>(planted).ok()
+        });
+        let result = FilterPushdownPropagation::if_any(child_pushdown_result);
+        Ok(match dynamic {
+            Some(filter) => {
+                let planted = self.with_twin(Arc::clone(&self.twin), Some(filter))?;
+                result.with_updated_node(Arc::new(planted) as Arc<dyn ExecutionPlan>)
+            }
+            None => result,
+        })
     }
 
     fn replace_children(
@@ -294,15 +361,17 @@ impl ExecutionPlan for GpuJoinExec {
             ChildrenPropertiesMode::Keep => builder,
             ChildrenPropertiesMode::Recompute => builder.recompute_properties(),
         };
-        Ok(Arc::new(self.with_twin(builder.with_new_children(children)?.build()?)?))
+        Ok(Arc::new(self.with_twin(Arc::new(builder.with_new_children(children)?.build()?), self.dynamic_filter())?))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
     }
 
+    /// As the hash join's: the dynamic filter goes with the rest of the
+    /// state.
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(self.with_twin(self.twin.builder().reset_state().build()?)?))
+        Ok(Arc::new(self.with_twin(Arc::new(self.twin.builder().reset_state().build()?), None)?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -317,6 +386,10 @@ impl ExecutionPlan for GpuJoinExec {
         if mode == PartitionMode::CollectLeft && left_partitions != 1 {
             return internal_err!("GpuJoinExec: CollectLeft needs one build partition, got {left_partitions}");
         }
+        let probe_filter = match &self.probe_filter {
+            Some(filter) if filter.read_in(self.right())? => Some(Arc::clone(filter)),
+            _ => None,
+        };
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,
             context,
@@ -325,6 +398,7 @@ impl ExecutionPlan for GpuJoinExec {
             mode,
             fetch: self.twin.fetch(),
             metrics: GpuJoinMetrics::new(&self.metrics, partition),
+            probe_filter,
         })
     }
 
@@ -354,6 +428,6 @@ impl ExecutionPlan for GpuJoinExec {
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
         let twin = self.twin.builder().with_fetch(limit).build().ok()?;
-        Some(Arc::new(self.with_twin(twin).ok()?))
+        Some(Arc::new(self.with_twin(Arc::new(twin), self.dynamic_filter()).ok()?))
     }
 }

@@ -21,6 +21,7 @@ use tokio::sync::OnceCell;
 use super::build::{DeviceJoin, PendingBuild};
 use super::chosen::ChosenStrategies;
 use super::metrics::GpuJoinMetrics;
+use super::probe_filter::ProbeFilter;
 use super::probe_yield::ProbeYield;
 use super::stream::run_partition;
 use crate::algorithms::JoinDefinition;
@@ -37,6 +38,8 @@ pub(crate) struct PartitionInputs {
     pub mode: PartitionMode,
     pub fetch: Option<usize>,
     pub metrics: GpuJoinMetrics,
+    /// The dynamic filter of the probe side's scan, where one reads it.
+    pub probe_filter: Option<Arc<ProbeFilter>>,
 }
 
 pub(crate) trait JoinRunner: Send + Sync + fmt::Debug {

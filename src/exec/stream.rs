@@ -283,13 +283,18 @@ async fn join_partition<B: JoinBackend>(
     // beside the build side's (TPC-H Q12 at SF 10, docs/benchmarks.md).
     let (rows_in, min_build_rows) = (Arc::clone(&cell.rows_in), options.min_build_rows);
     let small_so_far = move || rows_in.load(Ordering::Relaxed) < min_build_rows;
-    let read_ahead_rows = match inputs.mode {
-        PartitionMode::CollectLeft => options.probe_read_ahead_rows,
+    // Nor where the probe scan reads a dynamic filter: rows read before the
+    // build side is in are rows the filter could have dropped.
+    let read_ahead_rows = match (inputs.mode, &inputs.probe_filter) {
+        (PartitionMode::CollectLeft, None) => options.probe_read_ahead_rows,
         _ => 0,
     };
     let (pending, mut probe) =
         read_ahead_while(probe_input(inputs)?, collected, read_ahead_rows, small_so_far, ahead).await;
     let pending = pending?;
+    if let Some(filter) = &inputs.probe_filter {
+        filter.complete().await;
+    }
     let join = runner.join.as_ref();
     let probe_keys = &join.definition.probe_keys;
     let mut output = OutputSender::new(tx, inputs);

@@ -28,7 +28,7 @@ use datafusion::error::Result;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
 use crate::backend::{Element, SortSpec};
-pub use packed::KeyRanges;
+pub use packed::{KeyRanges, SpanBounds};
 use packed::{PARALLEL_ROWS, PackedLayout};
 use rayon::prelude::*;
 

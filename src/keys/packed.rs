@@ -13,11 +13,11 @@
 //! no probe key has a NULL's code, so such rows sort in place and never
 //! match.
 
-use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray, new_empty_array};
 use arrow::compute::SortOptions;
 use arrow::compute::{max, min};
 use arrow::datatypes::*;
-use datafusion::common::{NullEquality, internal_err};
+use datafusion::common::{NullEquality, ScalarValue, internal_err};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
@@ -261,6 +261,51 @@ impl KeyRanges {
     pub(super) fn columns(&self) -> usize {
         self.0.len()
     }
+
+    /// Each column's span as values of its type (`types`, one per column),
+    /// for predicates that pass only the keys a build side can match.
+    pub fn bounds(&self, types: &[DataType]) -> Vec<SpanBounds> {
+        let bound = |data_type: &DataType, value: i128| {
+            let typed = new_empty_array(data_type);
+            with_integer_array!(typed.as_ref(), typed => scalar_of(typed, value), other => None)
+        };
+        self.0
+            .iter()
+            .zip(types)
+            .map(|(span, data_type)| match span {
+                // Both boolean values: nothing to bound.
+                _ if data_type == &DataType::Boolean => SpanBounds::Unknown,
+                Some(Some((lo, hi))) => match (bound(data_type, *lo), bound(data_type, *hi)) {
+                    (Some(lo), Some(hi)) => SpanBounds::Between(lo, hi),
+                    _ => SpanBounds::Unknown,
+                },
+                Some(None) => SpanBounds::NoValue,
+                None => SpanBounds::Unknown,
+            })
+            .collect()
+    }
+}
+
+/// What a build side's span says of one key column's values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SpanBounds {
+    /// Not gathered: the column's keys are hashed.
+    Unknown,
+    /// The column holds no value, only NULLs or no row.
+    NoValue,
+    /// Every value lies between these two, both included.
+    Between(ScalarValue, ScalarValue),
+}
+
+/// `value` as a scalar of the array's type (its precision, scale or time
+/// zone included), when it is one.
+fn scalar_of<T>(typed: &PrimitiveArray<T>, value: i128) -> Option<ScalarValue>
+where
+    T: ArrowPrimitiveType,
+    T::Native: KeyValue,
+{
+    let one = PrimitiveArray::<T>::from_value(T::Native::bound(value)?, 1).with_data_type(typed.data_type().clone());
+    ScalarValue::try_from_array(&one, 0).ok()
 }
 
 /// The span of a key column given in pieces, over slices of at most

@@ -1,0 +1,198 @@
+//! The dynamic filter a join plants in its probe side's scan.
+//!
+//! DataFusion's hash join hands the scan below its probe side a filter that
+//! is `true` at planning and becomes, once the build side is in, the span
+//! of its keys: a scan reading Parquet skips the row groups and files that
+//! no build key can match. The GPU join plants the same filter where the
+//! hash join would (its twin decides, see `GpuJoinExec`) and feeds it from
+//! the spans it gathers anyway while collecting the build side, whether the
+//! device or DataFusion's operator then joins it. Only spans are pushed;
+//! the hash join's set of build keys for small build sides is not.
+//!
+//! With several build sides (`Partitioned` mode) the filter is the span of
+//! them all, complete once each has reported; until then a partition does
+//! not read its probe input, as the hash join does not, so that no probe
+//! row is read before the filter could drop it.
+
+use std::sync::{Arc, Mutex};
+
+use arrow::datatypes::{DataType, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{NullEquality, Result};
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{BinaryExpr, DynamicFilterPhysicalExpr, IsNullExpr, lit};
+use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::HashJoinExec;
+
+use super::build_sides;
+use crate::keys::{KeyRanges, SpanBounds};
+
+/// A join's dynamic filter and what its build sides have told of it.
+#[derive(Debug)]
+pub(crate) struct ProbeFilter {
+    filter: Arc<DynamicFilterPhysicalExpr>,
+    probe_keys: Vec<PhysicalExprRef>,
+    key_types: Vec<DataType>,
+    /// `key IS NULL` for the probe keys that can be NULL, where a NULL key
+    /// still counts: a null-aware anti join, or NULLs that match NULLs.
+    null_keys: Option<PhysicalExprRef>,
+    reports: Mutex<Reports>,
+}
+
+#[derive(Debug)]
+struct Reports {
+    /// Build sides still to report.
+    waiting: usize,
+    /// The spans of the build sides reported so far, `None` while none had
+    /// a row.
+    ranges: Option<KeyRanges>,
+    /// A build side was lost before its spans were known: the filter stays
+    /// as it is.
+    lost: bool,
+}
+
+impl ProbeFilter {
+    /// The filter `filter` of the join `twin` describes.
+    pub fn new(filter: Arc<DynamicFilterPhysicalExpr>, twin: &HashJoinExec) -> Result<Self> {
+        let probe_schema = twin.right().schema();
+        let probe_keys: Vec<PhysicalExprRef> = twin.on().iter().map(|(_, probe)| Arc::clone(probe)).collect();
+        let key_types = probe_keys.iter().map(|key| key.data_type(&probe_schema)).collect::<Result<_>>()?;
+        let null_keys = match twin.null_aware || twin.null_equality() == NullEquality::NullEqualsNull {
+            true => any_null(&probe_keys, &probe_schema)?,
+            false => None,
+        };
+        let reports = Mutex::new(Reports { waiting: build_sides(twin), ranges: None, lost: false });
+        Ok(Self { filter, probe_keys, key_types, null_keys, reports })
+    }
+
+    pub fn filter(&self) -> &Arc<DynamicFilterPhysicalExpr> {
+        &self.filter
+    }
+
+    /// Whether a plan below the join (its probe side) reads the filter; if
+    /// none does, the join neither feeds nor waits for it.
+    pub fn read_in(&self, probe: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+        let Some(id) = self.filter.expression_id() else {
+            return Ok(false);
+        };
+        let mut found = false;
+        probe.apply(|node| {
+            node.apply_expressions(&mut |root| {
+                root.apply(|expr| {
+                    found = expr.expression_id() == Some(id);
+                    Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+                })
+            })?;
+            Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+        })?;
+        Ok(found)
+    }
+
+    /// A build side's report, sent once its spans are known; dropped
+    /// unsent, it tells the filter that they never will be.
+    pub fn report(self: &Arc<Self>) -> SpanReport {
+        SpanReport(Some(Arc::clone(self)))
+    }
+
+    /// Returns once every build side has reported (the filter is then
+    /// complete).
+    pub async fn complete(&self) {
+        self.filter.wait_complete().await
+    }
+
+    fn arrive(&self, ranges: Option<Option<&KeyRanges>>) {
+        let finished = {
+            let Ok(mut reports) = self.reports.lock() else {
+                return self.filter.mark_complete();
+            };
+            match ranges {
+                Some(Some(ranges)) => {
+                    let merged = match reports.ranges.take() {
+                        Some(before) => before.merge(ranges.clone()),
+                        None => ranges.clone(),
+                    };
+                    reports.ranges = Some(merged);
+                }
+                Some(None) => {}
+                None => reports.lost = true,
+            }
+            reports.waiting = reports.waiting.saturating_sub(1);
+            (reports.waiting == 0).then(|| (!reports.lost).then(|| reports.ranges.clone()))
+        };
+        let Some(known) = finished else {
+            return;
+        };
+        if let Some(predicate) = known.and_then(|ranges| self.predicate(ranges.as_ref()))
+            && let Err(e) = self.filter.update(predicate)
+        {
+            log::warn!("gpu_join: the probe side's dynamic filter was left as it was: {e}");
+        }
+        self.filter.mark_complete();
+    }
+
+    /// The probe rows the build sides, of these spans, can match: `None`
+    /// when the spans bound no key. No build row at all matches nothing.
+    fn predicate(&self, ranges: Option<&KeyRanges>) -> Option<PhysicalExprRef> {
+        let Some(ranges) = ranges else {
+            return Some(lit(false));
+        };
+        let within =
+            ranges.bounds(&self.key_types).into_iter().zip(&self.probe_keys).filter_map(|(bounds, key)| match bounds {
+                SpanBounds::Unknown => None,
+                SpanBounds::NoValue => Some(lit(false)),
+                SpanBounds::Between(lo, hi) => Some(and(
+                    binary(Arc::clone(key), Operator::GtEq, lit(lo)),
+                    binary(Arc::clone(key), Operator::LtEq, lit(hi)),
+                )),
+            });
+        let within = within.reduce(and)?;
+        Some(match &self.null_keys {
+            Some(null_keys) => binary(Arc::clone(null_keys), Operator::Or, within),
+            None => within,
+        })
+    }
+}
+
+/// A build side's part in the filter; see [`ProbeFilter::report`].
+pub(crate) struct SpanReport(Option<Arc<ProbeFilter>>);
+
+impl SpanReport {
+    /// The build side's spans, `None` when it has no row.
+    pub fn send(mut self, ranges: Option<&KeyRanges>) {
+        if let Some(filter) = self.0.take() {
+            filter.arrive(Some(ranges));
+        }
+    }
+}
+
+impl Drop for SpanReport {
+    fn drop(&mut self) {
+        if let Some(filter) = self.0.take() {
+            filter.arrive(None);
+        }
+    }
+}
+
+fn binary(left: PhysicalExprRef, op: Operator, right: PhysicalExprRef) -> PhysicalExprRef {
+    Arc::new(BinaryExpr::new(left, op, right))
+}
+
+fn and(left: PhysicalExprRef, right: PhysicalExprRef) -> PhysicalExprRef {
+    binary(left, Operator::And, right)
+}
+
+/// `key IS NULL OR …` over the keys that can be NULL; `None` if none can.
+fn any_null(keys: &[PhysicalExprRef], schema: &Schema) -> Result<Option<PhysicalExprRef>> {
+    let mut any = None;
+    for key in keys {
+        if key.nullable(schema)? {
+            let is_null: PhysicalExprRef = Arc::new(IsNullExpr::new(Arc::clone(key)));
+            any = Some(match any {
+                Some(before) => binary(before, Operator::Or, is_null),
+                None => is_null,
+            });
+        }
+    }
+    Ok(any)
+}

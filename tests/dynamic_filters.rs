@@ -1,0 +1,212 @@
+//! The dynamic filters of DataFusion's hash join: planted in the probe
+//! side's Parquet scan where the hash join would plant one, fed with the
+//! build side's key span, so that the scan skips what DataFusion's plan
+//! skips; and the parent's filters routed through the join as the hash join
+//! routes them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::GpuJoinExec;
+
+use crate::common::{datafusion_context, gpu_context, run, sorted_rows};
+
+/// Rows of the probe table, sorted by key, in row groups of `GROUP_ROWS`.
+const PROBE_ROWS: i64 = 65_536;
+const GROUP_ROWS: usize = 1024;
+
+/// Writes the probe table `s` (`k` from 0, a NULL key every 1,000th row;
+/// `v`) as Parquet and the build table `r` (keys 5,000 to 5,999, a NULL
+/// key, keys again from 60,000 when `wide`).
+async fn write_tables(dir: &Path) {
+    let ctx = SessionContext::new();
+    let path = dir.join("s.parquet");
+    let copy = format!(
+        "COPY (SELECT CASE WHEN value % 1000 = 999 THEN NULL ELSE value END AS k, value * 3 AS v \
+         FROM generate_series(0, {}) ORDER BY value) TO '{}' STORED AS PARQUET \
+         OPTIONS ('format.max_row_group_size' '{GROUP_ROWS}')",
+        PROBE_ROWS - 1,
+        path.display()
+    );
+    run(&ctx, &copy).await;
+    let copy = format!(
+        "COPY (SELECT value AS k, value % 7 AS w FROM generate_series(5000, 5999) \
+         UNION ALL SELECT NULL AS k, 1 AS w \
+         UNION ALL SELECT value AS k, value % 5 AS w FROM generate_series(60000, 60100)) TO '{}' STORED AS PARQUET",
+        dir.join("r.parquet").display()
+    );
+    run(&ctx, &copy).await;
+}
+
+async fn register(ctx: &SessionContext, dir: &Path) {
+    for table in ["s", "r"] {
+        let sql = format!(
+            "CREATE EXTERNAL TABLE {table} STORED AS PARQUET LOCATION '{}'",
+            dir.join(format!("{table}.parquet")).display()
+        );
+        run(ctx, &sql).await;
+    }
+}
+
+/// Partitioned joins (hash repartitions of both sides) where `partitioned`,
+/// else a collected build side.
+fn config(partitioned: bool) -> SessionConfig {
+    let config = SessionConfig::new().with_target_partitions(4).with_batch_size(1000);
+    match partitioned {
+        true => config
+            .set_usize("datafusion.optimizer.hash_join_single_partition_threshold", 0)
+            .set_usize("datafusion.optimizer.hash_join_single_partition_threshold_rows", 0),
+        false => config,
+    }
+}
+
+/// A query's rows and the rows its scans of `s` handed on.
+async fn rows_and_probe_scan(ctx: &SessionContext, sql: &str) -> (Vec<String>, usize, Arc<dyn ExecutionPlan>) {
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mut scanned = 0;
+    scans_of_s(&plan, &mut scanned);
+    (sorted_rows(&batches), scanned, plan)
+}
+
+fn scans_of_s(plan: &Arc<dyn ExecutionPlan>, rows: &mut usize) {
+    let line = displayable(plan.as_ref()).one_line().to_string();
+    if line.starts_with("DataSourceExec") && line.contains("s.parquet") {
+        *rows += plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0);
+    }
+    for child in plan.children() {
+        scans_of_s(child, rows);
+    }
+}
+
+fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let own = usize::from(plan.downcast_ref::<GpuJoinExec>().is_some());
+    own + plan.children().into_iter().map(gpu_joins).sum::<usize>()
+}
+
+/// Sessions with and without the GPU join; `partitioned`: both plan
+/// `Partitioned` joins, which the GPU join keeps (rather than collecting
+/// one build side), so that the filter waits for every partition's span.
+async fn contexts(dir: &Path, partitioned: bool) -> (SessionContext, SessionContext) {
+    let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+    if partitioned {
+        run(&gpu, "SET gpu_join.collect_build_side = false").await;
+    }
+    register(&gpu, dir).await;
+    register(&datafusion, dir).await;
+    (gpu, datafusion)
+}
+
+/// The modes of the plan's GPU joins, as EXPLAIN shows them.
+fn gpu_join_modes(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    text.lines()
+        .filter(|line| line.contains("GpuJoinExec"))
+        .filter_map(|line| line.split("mode=").nth(1)?.split(',').next().map(str::to_string))
+        .collect()
+}
+
+/// Joins whose unmatched probe rows are dropped: the build side's span
+/// reaches the scan, which then hands on only the row groups it overlaps,
+/// as DataFusion's plan does; in both partition modes, and with a build
+/// side that no probe row can match.
+#[tokio::test]
+async fn the_probe_scan_skips_what_the_build_sides_span_rules_out() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    let queries = [
+        ("inner", "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.k < 6000"),
+        ("left semi", "SELECT r.k, r.w FROM r WHERE r.k < 6000 AND EXISTS (SELECT 1 FROM s WHERE s.k = r.k)"),
+        ("empty build side", "SELECT s.k, r.w FROM s JOIN r ON s.k = r.k WHERE r.w > 100"),
+        ("two spans", "SELECT count(*), sum(s.v), sum(r.w) FROM s JOIN r ON s.k = r.k"),
+    ];
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = contexts(dir.path(), partitioned).await;
+        for (name, sql) in queries {
+            let what = format!("{name}, partitioned: {partitioned}");
+            let (expected, datafusion_scanned, _) = rows_and_probe_scan(&datafusion, sql).await;
+            let (rows, scanned, plan) = rows_and_probe_scan(&gpu, sql).await;
+            assert_eq!(rows, expected, "{what}");
+            let mode = if partitioned { "Partitioned" } else { "CollectLeft" };
+            let modes = gpu_join_modes(&plan);
+            assert!(!modes.is_empty() && modes.iter().all(|m| m == mode), "{what}: {modes:?}");
+            // The span of two key ranges far apart covers what lies between
+            // them, where DataFusion's plan may also push the set of keys:
+            // only the rows are compared.
+            if name == "two spans" {
+                continue;
+            }
+            assert!(scanned <= 2 * GROUP_ROWS, "{what}: the scan handed on {scanned} rows");
+            assert!(
+                scanned <= datafusion_scanned.max(2 * GROUP_ROWS),
+                "{what}: {scanned} against {datafusion_scanned}"
+            );
+        }
+    }
+}
+
+/// Joins that keep unmatched probe rows plant no filter, and the scan reads
+/// every row, as under DataFusion's plan.
+#[tokio::test]
+async fn joins_keeping_unmatched_probe_rows_plant_no_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    let (gpu, datafusion) = contexts(dir.path(), false).await;
+    for sql in [
+        "SELECT s.k, s.v, r.w FROM r RIGHT JOIN s ON s.k = r.k",
+        "SELECT s.k, s.v, r.w FROM r FULL JOIN s ON s.k = r.k",
+        "SELECT s.k, s.v FROM s WHERE NOT EXISTS (SELECT 1 FROM r WHERE s.k = r.k)",
+    ] {
+        let (expected, _, _) = rows_and_probe_scan(&datafusion, sql).await;
+        let (rows, scanned, plan) = rows_and_probe_scan(&gpu, sql).await;
+        assert_eq!(rows, expected, "{sql}");
+        assert_eq!(scanned, PROBE_ROWS as usize, "{sql}");
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(gpu_joins(&plan) > 0 && !text.contains("DynamicFilter"), "{sql}: {text}");
+    }
+}
+
+/// Under `IS NOT DISTINCT FROM` a NULL probe key matches the build side's
+/// NULL: the filter lets NULL keys through.
+#[tokio::test]
+async fn null_keys_that_match_pass_the_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    let (gpu, datafusion) = contexts(dir.path(), false).await;
+    let sql = "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k IS NOT DISTINCT FROM r.k WHERE r.k < 6000 OR r.k IS NULL";
+    let (expected, _, _) = rows_and_probe_scan(&datafusion, sql).await;
+    let (rows, _, _) = rows_and_probe_scan(&gpu, sql).await;
+    assert!(rows.iter().any(|row| row.starts_with("NULL|")), "{rows:?}");
+    assert_eq!(rows, expected);
+}
+
+/// The scans below a GPU join carry the same predicates as under
+/// DataFusion's plan: the join's own dynamic filter where the hash join
+/// plants one, and a top-k's filter from above routed through the join.
+#[tokio::test]
+async fn scans_get_the_filters_of_datafusions_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = contexts(dir.path(), partitioned).await;
+        for sql in [
+            "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k",
+            "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k ORDER BY s.v DESC LIMIT 5",
+            "SELECT s.k, s.v, r.w FROM r LEFT JOIN s ON s.k = r.k ORDER BY r.w, s.v LIMIT 5",
+        ] {
+            let scans = |plan: &Arc<dyn ExecutionPlan>| {
+                let text = displayable(plan.as_ref()).indent(true).to_string();
+                text.lines().filter(|l| l.contains("DataSourceExec")).map(|l| l.trim().to_string()).collect::<Vec<_>>()
+            };
+            let (expected, _, datafusion_plan) = rows_and_probe_scan(&datafusion, sql).await;
+            let (rows, _, plan) = rows_and_probe_scan(&gpu, sql).await;
+            assert_eq!(rows, expected, "{sql}");
+            assert!(gpu_joins(&plan) > 0, "{sql}");
+            let (ours, theirs) = (scans(&plan), scans(&datafusion_plan));
+            let planted = |scans: &[String]| scans.iter().map(|s| s.matches("DynamicFilter").count()).sum::<usize>();
+            assert_eq!(planted(&ours), planted(&theirs), "{sql}, partitioned: {partitioned}\n{ours:#?}\n{theirs:#?}");
+        }
+    }
+}
