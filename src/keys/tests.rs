@@ -287,3 +287,40 @@ fn single_column_codes_are_distances_within_the_build_range() {
         }
     }
 }
+
+#[test]
+fn spans_become_bounds_of_each_keys_own_type() {
+    use arrow::array::{Date32Array, TimestampMicrosecondArray};
+    use arrow::datatypes::DataType;
+    use datafusion::common::ScalarValue;
+
+    let timestamps = TimestampMicrosecondArray::from(vec![Some(7), Some(-3)]).with_timezone("+02:00");
+    let decimals = Decimal128Array::from(vec![Some(1234), Some(-5)]).with_precision_and_scale(10, 2).unwrap();
+    let keys: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from(vec![Some(u64::MAX), Some(3)])),
+        Arc::new(Date32Array::from(vec![Some(19000), None])),
+        Arc::new(timestamps),
+        Arc::new(decimals),
+        Arc::new(Int32Array::from(vec![None, None])),
+        Arc::new(BooleanArray::from(vec![Some(true), Some(true)])),
+        Arc::new(StringArray::from(vec![Some("a"), Some("b")])),
+    ];
+    let types: Vec<DataType> = keys.iter().map(|k| k.data_type().clone()).collect();
+    let tz = Some(Arc::from("+02:00"));
+    assert_eq!(
+        KeyRanges::of_piece(&keys).bounds(&types),
+        vec![
+            SpanBounds::Between(ScalarValue::UInt64(Some(3)), ScalarValue::UInt64(Some(u64::MAX))),
+            SpanBounds::Between(ScalarValue::Date32(Some(19000)), ScalarValue::Date32(Some(19000))),
+            SpanBounds::Between(
+                ScalarValue::TimestampMicrosecond(Some(-3), tz.clone()),
+                ScalarValue::TimestampMicrosecond(Some(7), tz)
+            ),
+            SpanBounds::Between(ScalarValue::Decimal128(Some(-5), 10, 2), ScalarValue::Decimal128(Some(1234), 10, 2)),
+            SpanBounds::NoValue,
+            // Booleans span both values; strings are hashed, not spanned.
+            SpanBounds::Unknown,
+            SpanBounds::Unknown,
+        ]
+    );
+}
