@@ -286,7 +286,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let (batches, ranges) =
             collect_input(&inputs.left, partition, &inputs.context, &reservation, keys, rows_in).await?;
         if let Some(report) = report {
-            report.send(ranges.as_ref());
+            report.send(ranges.as_ref(), &batches, keys, &inputs.context.session_config().options().optimizer);
         }
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;

@@ -6,8 +6,10 @@
 //! no build key can match. The GPU join plants the same filter where the
 //! hash join would (its twin decides, see `GpuJoinExec`) and feeds it from
 //! the spans it gathers anyway while collecting the build side, whether the
-//! device or DataFusion's operator then joins it. Only spans are pushed;
-//! the hash join's set of build keys for small build sides is not.
+//! device or DataFusion's operator then joins it. A build side of one key
+//! and few rows also pushes its keys themselves, as the hash join does
+//! (`key IN (…)`, within `datafusion.optimizer.hash_join_inlist_pushdown_*`),
+//! which a scan can check against row group statistics and bloom filters.
 //!
 //! With several build sides (`Partitioned` mode) the filter is the span of
 //! them all, complete once each has reported; until then a partition does
@@ -16,16 +18,20 @@
 
 use std::sync::{Arc, Mutex};
 
-use arrow::datatypes::{DataType, Schema};
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::compute::concat;
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{NullEquality, Result};
+use datafusion::config::OptimizerOptions;
 use datafusion::logical_expr::Operator;
-use datafusion::physical_expr::expressions::{BinaryExpr, DynamicFilterPhysicalExpr, IsNullExpr, lit};
+use datafusion::physical_expr::expressions::{BinaryExpr, DynamicFilterPhysicalExpr, InListExpr, IsNullExpr, lit};
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 
 use super::build_sides;
+use crate::algorithms::evaluate_keys;
 use crate::keys::{KeyRanges, SpanBounds};
 
 /// A join's dynamic filter and what its build sides have told of it.
@@ -33,6 +39,7 @@ use crate::keys::{KeyRanges, SpanBounds};
 pub(crate) struct ProbeFilter {
     filter: Arc<DynamicFilterPhysicalExpr>,
     probe_keys: Vec<PhysicalExprRef>,
+    probe_schema: SchemaRef,
     key_types: Vec<DataType>,
     /// `key IS NULL` for the probe keys that can be NULL, where a NULL key
     /// still counts: a null-aware anti join, or NULLs that match NULLs.
@@ -47,6 +54,9 @@ struct Reports {
     /// The spans of the build sides reported so far, `None` while none had
     /// a row.
     ranges: Option<KeyRanges>,
+    /// The keys of the build sides reported so far, `None` once one had
+    /// too many to list.
+    keys: Option<Vec<ArrayRef>>,
     /// A build side was lost before its spans were known: the filter stays
     /// as it is.
     lost: bool,
@@ -62,8 +72,8 @@ impl ProbeFilter {
             true => any_null(&probe_keys, &probe_schema)?,
             false => None,
         };
-        let reports = Mutex::new(Reports { waiting: build_sides(twin), ranges: None, lost: false });
-        Ok(Self { filter, probe_keys, key_types, null_keys, reports })
+        let reports = Mutex::new(Reports { waiting: build_sides(twin), ranges: None, keys: Some(vec![]), lost: false });
+        Ok(Self { filter, probe_keys, probe_schema, key_types, null_keys, reports })
     }
 
     pub fn filter(&self) -> &Arc<DynamicFilterPhysicalExpr> {
@@ -101,29 +111,37 @@ impl ProbeFilter {
         self.filter.wait_complete().await
     }
 
-    fn arrive(&self, ranges: Option<Option<&KeyRanges>>) {
+    fn arrive(&self, report: Option<BuildReport<'_>>) {
         let finished = {
             let Ok(mut reports) = self.reports.lock() else {
                 return self.filter.mark_complete();
             };
-            match ranges {
-                Some(Some(ranges)) => {
-                    let merged = match reports.ranges.take() {
-                        Some(before) => before.merge(ranges.clone()),
-                        None => ranges.clone(),
+            match report {
+                Some(BuildReport { ranges, keys }) => {
+                    if let Some(ranges) = ranges {
+                        let merged = match reports.ranges.take() {
+                            Some(before) => before.merge(ranges.clone()),
+                            None => ranges.clone(),
+                        };
+                        reports.ranges = Some(merged);
+                    }
+                    reports.keys = match (reports.keys.take(), keys) {
+                        (Some(mut before), Some(keys)) => {
+                            before.extend(keys);
+                            Some(before)
+                        }
+                        _ => None,
                     };
-                    reports.ranges = Some(merged);
                 }
-                Some(None) => {}
                 None => reports.lost = true,
             }
             reports.waiting = reports.waiting.saturating_sub(1);
-            (reports.waiting == 0).then(|| (!reports.lost).then(|| reports.ranges.clone()))
+            (reports.waiting == 0).then(|| (!reports.lost).then(|| (reports.ranges.clone(), reports.keys.clone())))
         };
         let Some(known) = finished else {
             return;
         };
-        if let Some(predicate) = known.and_then(|ranges| self.predicate(ranges.as_ref()))
+        if let Some(predicate) = known.and_then(|(ranges, keys)| self.predicate(ranges.as_ref(), keys.as_deref()))
             && let Err(e) = self.filter.update(predicate)
         {
             log::warn!("gpu_join: the probe side's dynamic filter was left as it was: {e}");
@@ -131,12 +149,14 @@ impl ProbeFilter {
         self.filter.mark_complete();
     }
 
-    /// The probe rows the build sides, of these spans, can match: `None`
-    /// when the spans bound no key. No build row at all matches nothing.
-    fn predicate(&self, ranges: Option<&KeyRanges>) -> Option<PhysicalExprRef> {
+    /// The probe rows the build sides, of these spans and with these keys
+    /// where listed, can match: `None` when neither bounds a key. No build
+    /// row at all matches nothing.
+    fn predicate(&self, ranges: Option<&KeyRanges>, keys: Option<&[ArrayRef]>) -> Option<PhysicalExprRef> {
         let Some(ranges) = ranges else {
             return Some(lit(false));
         };
+        let listed = keys.and_then(|keys| self.key_list(keys));
         let within =
             ranges.bounds(&self.key_types).into_iter().zip(&self.probe_keys).filter_map(|(bounds, key)| match bounds {
                 SpanBounds::Unknown => None,
@@ -146,7 +166,7 @@ impl ProbeFilter {
                     binary(Arc::clone(key), Operator::LtEq, lit(hi)),
                 )),
             });
-        let within = within.reduce(and)?;
+        let within = within.chain(listed).reduce(and)?;
         Some(match &self.null_keys {
             Some(null_keys) => binary(Arc::clone(null_keys), Operator::Or, within),
             None => within,
@@ -154,16 +174,66 @@ impl ProbeFilter {
     }
 }
 
+impl ProbeFilter {
+    /// `key IN (…)` over the build sides' keys: only for one key column, as
+    /// the hash join lists only then, and not where the probe key's type
+    /// differs from the list's.
+    fn key_list(&self, keys: &[ArrayRef]) -> Option<PhysicalExprRef> {
+        let [probe_key] = self.probe_keys.as_slice() else {
+            return None;
+        };
+        let pieces: Vec<&dyn Array> = keys.iter().map(|k| k.as_ref()).collect();
+        // No piece: no build row, which the spans already rule out.
+        let listed = concat(&pieces).ok()?;
+        let list = InListExpr::try_new_from_array(Arc::clone(probe_key), listed, false, &self.probe_schema).ok()?;
+        Some(Arc::new(list))
+    }
+}
+
+/// What a build side tells the filter.
+struct BuildReport<'a> {
+    /// Its spans, `None` when it has no row.
+    ranges: Option<&'a KeyRanges>,
+    /// Its one key column in pieces, where it is few enough rows to list.
+    keys: Option<Vec<ArrayRef>>,
+}
+
 /// A build side's part in the filter; see [`ProbeFilter::report`].
 pub(crate) struct SpanReport(Option<Arc<ProbeFilter>>);
 
 impl SpanReport {
-    /// The build side's spans, `None` when it has no row.
-    pub fn send(mut self, ranges: Option<&KeyRanges>) {
+    /// The build side's spans (`None` when it has no row) and, within the
+    /// hash join's limits on listing them (`options`), its keys.
+    pub fn send(
+        mut self,
+        ranges: Option<&KeyRanges>,
+        batches: &[RecordBatch],
+        build_keys: &[PhysicalExprRef],
+        options: &OptimizerOptions,
+    ) {
         if let Some(filter) = self.0.take() {
-            filter.arrive(Some(ranges));
+            let keys = listed_keys(batches, build_keys, options);
+            filter.arrive(Some(BuildReport { ranges, keys }));
         }
     }
+}
+
+/// A build side's one key column, batch by batch, where its rows are no
+/// more than the hash join lists (`hash_join_inlist_pushdown_max_distinct_values`,
+/// counted here before duplicates go, and `…_max_size` bytes).
+fn listed_keys(
+    batches: &[RecordBatch],
+    build_keys: &[PhysicalExprRef],
+    options: &OptimizerOptions,
+) -> Option<Vec<ArrayRef>> {
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    if build_keys.len() != 1 || rows > options.hash_join_inlist_pushdown_max_distinct_values {
+        return None;
+    }
+    let pieces = batches.iter().map(|batch| evaluate_keys(build_keys, batch)).collect::<Result<Vec<_>>>().ok()?;
+    let pieces: Vec<ArrayRef> = pieces.into_iter().flatten().collect();
+    let bytes: usize = pieces.iter().map(|piece| piece.get_array_memory_size()).sum();
+    (bytes <= options.hash_join_inlist_pushdown_max_size).then_some(pieces)
 }
 
 impl Drop for SpanReport {
