@@ -172,12 +172,10 @@ impl ProbeFilter {
             None => within,
         })
     }
-}
 
-impl ProbeFilter {
-    /// `key IN (…)` over the build sides' keys: only for one key column, as
-    /// the hash join lists only then, and not where the probe key's type
-    /// differs from the list's.
+    /// `key IN (…)` over the build sides' keys: only for one key column
+    /// (the hash join lists several as structs, which this does not), and
+    /// not where the probe key's type differs from the list's.
     fn key_list(&self, keys: &[ArrayRef]) -> Option<PhysicalExprRef> {
         let [probe_key] = self.probe_keys.as_slice() else {
             return None;
