@@ -9,9 +9,8 @@ use std::sync::Arc;
 
 use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::GpuJoinExec;
 
-use crate::common::{datafusion_context, gpu_context, run, sorted_rows};
+use crate::common::{datafusion_context, gpu_context, gpu_joins, run, sorted_rows};
 
 /// Rows of the probe table, sorted by key, in row groups of `GROUP_ROWS`.
 const PROBE_ROWS: i64 = 65_536;
@@ -81,11 +80,6 @@ fn scans_of_s(plan: &Arc<dyn ExecutionPlan>, rows: &mut usize) {
     for child in plan.children() {
         scans_of_s(child, rows);
     }
-}
-
-fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> usize {
-    let own = usize::from(plan.downcast_ref::<GpuJoinExec>().is_some());
-    own + plan.children().into_iter().map(gpu_joins).sum::<usize>()
 }
 
 /// Sessions with and without the GPU join; `partitioned`: both plan
@@ -169,7 +163,7 @@ async fn joins_keeping_unmatched_probe_rows_plant_no_filter() {
         assert_eq!(rows, expected, "{sql}");
         assert_eq!(scanned, PROBE_ROWS as usize, "{sql}");
         let text = displayable(plan.as_ref()).indent(true).to_string();
-        assert!(gpu_joins(&plan) > 0 && !text.contains("DynamicFilter"), "{sql}: {text}");
+        assert!(!gpu_joins(&plan).is_empty() && !text.contains("DynamicFilter"), "{sql}: {text}");
     }
 }
 
@@ -208,7 +202,7 @@ async fn scans_get_the_filters_of_datafusions_plan() {
             let (expected, _, datafusion_plan) = rows_and_probe_scan(&datafusion, sql).await;
             let (rows, _, plan) = rows_and_probe_scan(&gpu, sql).await;
             assert_eq!(rows, expected, "{sql}");
-            assert!(gpu_joins(&plan) > 0, "{sql}");
+            assert!(!gpu_joins(&plan).is_empty(), "{sql}");
             let (ours, theirs) = (scans(&plan), scans(&datafusion_plan));
             let planted = |scans: &[String]| scans.iter().map(|s| s.matches("DynamicFilter").count()).sum::<usize>();
             assert_eq!(planted(&ours), planted(&theirs), "{sql}, partitioned: {partitioned}\n{ours:#?}\n{theirs:#?}");

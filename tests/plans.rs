@@ -33,7 +33,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::common::{
-    datafusion_context, gpu_context, physical_plan_text, run, sorted_rows, test_backend, test_options, total_rows,
+    datafusion_context, gpu_context, gpu_joins, physical_plan_text, run, sorted_rows, test_backend, test_options,
+    total_rows,
 };
 
 async fn context_with_tables(config: SessionConfig) -> SessionContext {
@@ -232,13 +233,6 @@ async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
     run(&ctx, "SET gpu_join.algorithm = 'sort_merge'").await;
     run(&ctx, "SET gpu_join.materialization = 'transformed'").await;
     assert!(physical_plan_text(&ctx, sql).await.contains("algorithm=SMJ-OM"));
-}
-
-/// Every GPU join in a plan.
-fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuJoinExec> {
-    let mut joins: Vec<&GpuJoinExec> = plan.children().into_iter().flat_map(gpu_joins).collect();
-    joins.extend(plan.downcast_ref::<GpuJoinExec>());
-    joins
 }
 
 /// A join the plan's statistics sent to the device, whose build side turns

@@ -234,7 +234,7 @@ async fn collect_input(
 /// Batches collected so far, and the spans of their keys.
 type Collected = (Vec<RecordBatch>, Option<KeyRanges>);
 
-fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option<KeyRanges> {
+pub(super) fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option<KeyRanges> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.merge(b)),
         (ranges, None) | (None, ranges) => ranges,

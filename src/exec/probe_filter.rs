@@ -30,7 +30,8 @@ use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 
-use super::build_sides;
+use super::build::merge_ranges;
+use super::{build_sides, probe_keys};
 use crate::algorithms::evaluate_keys;
 use crate::keys::{KeyRanges, SpanBounds};
 
@@ -40,7 +41,6 @@ pub(crate) struct ProbeFilter {
     filter: Arc<DynamicFilterPhysicalExpr>,
     probe_keys: Vec<PhysicalExprRef>,
     probe_schema: SchemaRef,
-    key_types: Vec<DataType>,
     /// `key IS NULL` for the probe keys that can be NULL, where a NULL key
     /// still counts: a null-aware anti join, or NULLs that match NULLs.
     null_keys: Option<PhysicalExprRef>,
@@ -66,14 +66,13 @@ impl ProbeFilter {
     /// The filter `filter` of the join `twin` describes.
     pub fn new(filter: Arc<DynamicFilterPhysicalExpr>, twin: &HashJoinExec) -> Result<Self> {
         let probe_schema = twin.right().schema();
-        let probe_keys: Vec<PhysicalExprRef> = twin.on().iter().map(|(_, probe)| Arc::clone(probe)).collect();
-        let key_types = probe_keys.iter().map(|key| key.data_type(&probe_schema)).collect::<Result<_>>()?;
+        let probe_keys = probe_keys(twin);
         let null_keys = match twin.null_aware || twin.null_equality() == NullEquality::NullEqualsNull {
             true => any_null(&probe_keys, &probe_schema)?,
             false => None,
         };
         let reports = Mutex::new(Reports { waiting: build_sides(twin), ranges: None, keys: Some(vec![]), lost: false });
-        Ok(Self { filter, probe_keys, probe_schema, key_types, null_keys, reports })
+        Ok(Self { filter, probe_keys, probe_schema, null_keys, reports })
     }
 
     pub fn filter(&self) -> &Arc<DynamicFilterPhysicalExpr> {
@@ -90,8 +89,11 @@ impl ProbeFilter {
         probe.apply(|node| {
             node.apply_expressions(&mut |root| {
                 root.apply(|expr| {
-                    found = expr.expression_id() == Some(id);
-                    Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+                    if expr.expression_id() == Some(id) {
+                        found = true;
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                    Ok(TreeNodeRecursion::Continue)
                 })
             })?;
             Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
@@ -118,13 +120,7 @@ impl ProbeFilter {
             };
             match report {
                 Some(BuildReport { ranges, keys }) => {
-                    if let Some(ranges) = ranges {
-                        let merged = match reports.ranges.take() {
-                            Some(before) => before.merge(ranges.clone()),
-                            None => ranges.clone(),
-                        };
-                        reports.ranges = Some(merged);
-                    }
+                    reports.ranges = merge_ranges(reports.ranges.take(), ranges.cloned());
                     reports.keys = match (reports.keys.take(), keys) {
                         (Some(mut before), Some(keys)) => {
                             before.extend(keys);
@@ -157,8 +153,10 @@ impl ProbeFilter {
             return Some(lit(false));
         };
         let listed = keys.and_then(|keys| self.key_list(keys));
+        let key_types = self.probe_keys.iter().map(|key| key.data_type(&self.probe_schema));
+        let key_types = key_types.collect::<Result<Vec<DataType>>>().ok()?;
         let within =
-            ranges.bounds(&self.key_types).into_iter().zip(&self.probe_keys).filter_map(|(bounds, key)| match bounds {
+            ranges.bounds(&key_types).into_iter().zip(&self.probe_keys).filter_map(|(bounds, key)| match bounds {
                 SpanBounds::Unknown => None,
                 SpanBounds::NoValue => Some(lit(false)),
                 SpanBounds::Between(lo, hi) => Some(and(

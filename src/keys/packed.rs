@@ -265,9 +265,9 @@ impl KeyRanges {
     /// Each column's span as values of its type (`types`, one per column),
     /// for predicates that pass only the keys a build side can match.
     pub fn bounds(&self, types: &[DataType]) -> Vec<SpanBounds> {
-        let bound = |data_type: &DataType, value: i128| {
+        let between = |data_type: &DataType, lo: i128, hi: i128| {
             let typed = new_empty_array(data_type);
-            with_integer_array!(typed.as_ref(), typed => scalar_of(typed, value), other => None)
+            with_integer_array!(typed.as_ref(), typed => Some((scalar_of(typed, lo)?, scalar_of(typed, hi)?)), other => None)
         };
         self.0
             .iter()
@@ -275,9 +275,9 @@ impl KeyRanges {
             .map(|(span, data_type)| match span {
                 // Both boolean values: nothing to bound.
                 _ if data_type == &DataType::Boolean => SpanBounds::Unknown,
-                Some(Some((lo, hi))) => match (bound(data_type, *lo), bound(data_type, *hi)) {
-                    (Some(lo), Some(hi)) => SpanBounds::Between(lo, hi),
-                    _ => SpanBounds::Unknown,
+                Some(Some((lo, hi))) => match between(data_type, *lo, *hi) {
+                    Some((lo, hi)) => SpanBounds::Between(lo, hi),
+                    None => SpanBounds::Unknown,
                 },
                 Some(None) => SpanBounds::NoValue,
                 None => SpanBounds::Unknown,

@@ -1,12 +1,15 @@
 //! Helpers shared by the suites.
 
+use std::sync::Arc;
+
 use arrow::array::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::SessionStateBuilderExt;
 use datafusion_gpu_join::backend::{BackendHandle, cuda_backend};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::{GpuJoinExec, SessionStateBuilderExt};
 
 /// The backend the suites run on: `GPU_JOIN_TEST_BACKEND` (cpu or cuda).
 pub fn test_backend_choice() -> BackendChoice {
@@ -77,4 +80,11 @@ pub fn total_rows(batches: &[RecordBatch]) -> usize {
 pub async fn physical_plan_text(ctx: &SessionContext, sql: &str) -> String {
     let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
     datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string()
+}
+
+/// Every GPU join in a plan.
+pub fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuJoinExec> {
+    let mut joins: Vec<&GpuJoinExec> = plan.children().into_iter().flat_map(gpu_joins).collect();
+    joins.extend(plan.downcast_ref::<GpuJoinExec>());
+    joins
 }
