@@ -209,3 +209,29 @@ async fn scans_get_the_filters_of_datafusions_plan() {
         }
     }
 }
+
+/// A build side's keys are measured against the list's byte limit once
+/// gathered, as DataFusion's hash join measures them: not by the buffers
+/// they arrive in, which a filter sizes for a whole batch and an
+/// aggregation for all its groups.
+#[tokio::test]
+async fn few_keys_are_listed_whatever_buffers_they_arrive_in() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    let (gpu, datafusion) = contexts(dir.path(), false).await;
+    for ctx in [&gpu, &datafusion] {
+        // Room for three keys, not for a batch's worth of buffer.
+        run(ctx, "SET datafusion.optimizer.hash_join_inlist_pushdown_max_size = 512").await;
+    }
+    for sql in [
+        "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.t = 1",
+        "SELECT s.k, s.v FROM s JOIN (SELECT k FROM r WHERE t = 1 GROUP BY k) g ON s.k = g.k",
+    ] {
+        let (expected, datafusion_scanned, _) = rows_and_probe_scan(&datafusion, sql).await;
+        let (rows, scanned, plan) = rows_and_probe_scan(&gpu, sql).await;
+        assert_eq!(rows, expected, "{sql}");
+        assert!(!gpu_joins(&plan).is_empty(), "{sql}");
+        assert!(scanned <= 3 * GROUP_ROWS, "{sql}: the scan handed on {scanned} rows");
+        assert!(scanned <= datafusion_scanned, "{sql}: {scanned} against {datafusion_scanned}");
+    }
+}

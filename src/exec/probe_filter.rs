@@ -190,7 +190,7 @@ impl ProbeFilter {
 struct BuildReport<'a> {
     /// Its spans, `None` when it has no row.
     ranges: Option<&'a KeyRanges>,
-    /// Its one key column in pieces, where it is few enough rows to list.
+    /// Its one key column, where it is few enough rows to list.
     keys: Option<Vec<ArrayRef>>,
 }
 
@@ -214,9 +214,10 @@ impl SpanReport {
     }
 }
 
-/// A build side's one key column, batch by batch, where its rows are no
-/// more than the hash join lists (`hash_join_inlist_pushdown_max_distinct_values`,
-/// counted here before duplicates go, and `…_max_size` bytes).
+/// A build side's one key column, gathered into one array (none without
+/// rows), where its rows are no more than the hash join lists
+/// (`hash_join_inlist_pushdown_max_distinct_values`, counted here before
+/// duplicates go, and `…_max_size` bytes).
 fn listed_keys(
     batches: &[RecordBatch],
     build_keys: &[PhysicalExprRef],
@@ -227,9 +228,14 @@ fn listed_keys(
         return None;
     }
     let pieces = batches.iter().map(|batch| evaluate_keys(build_keys, batch)).collect::<Result<Vec<_>>>().ok()?;
-    let pieces: Vec<ArrayRef> = pieces.into_iter().flatten().collect();
-    let bytes: usize = pieces.iter().map(|piece| piece.get_array_memory_size()).sum();
-    (bytes <= options.hash_join_inlist_pushdown_max_size).then_some(pieces)
+    let pieces: Vec<&dyn Array> = pieces.iter().flatten().map(|piece| piece.as_ref()).collect();
+    if pieces.is_empty() {
+        return Some(vec![]);
+    }
+    // Measured once gathered: the pieces may be slices of larger arrays
+    // (an aggregation's output, say), whose whole buffers they would count.
+    let keys = concat(&pieces).ok()?;
+    (keys.get_array_memory_size() <= options.hash_join_inlist_pushdown_max_size).then_some(vec![keys])
 }
 
 impl Drop for SpanReport {
