@@ -1,13 +1,18 @@
 //! TPC-H through a DataFusion session with the GPU join.
 //!
-//! Generates the tables in memory, runs the 22 queries and prints, per query,
-//! the time, the rows and where each join ran.
+//! Generates the tables in memory, or as Parquet files, runs the 22 queries
+//! and prints, per query, the time, the rows and where each join ran.
 //!
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
-//!     [--validate] [--compare] [--explain] [--plans] [--set NAME=VALUE ...]
+//!     [--parquet DIR] [--validate] [--compare] [--explain] [--plans] [--set NAME=VALUE ...]
 //! ```
+//!
+//! `--parquet DIR` writes the tables as Parquet files under `DIR` (one file
+//! per partition, kept for the next run of the same scale factor and
+//! partitions) and reads them from there, as listing tables, instead of
+//! holding them in memory.
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
 //! CPU reference backend otherwise. `--min-rows` is `gpu_join.min_rows` and
@@ -23,6 +28,7 @@
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
 //! instance `--set probe_device_gather_ratio=0`.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use datafusion::config::ExtensionOptions;
@@ -44,6 +50,8 @@ struct Args {
     compare: bool,
     explain: bool,
     plans: bool,
+    /// Where the Parquet files go; the tables are held in memory without it.
+    parquet: Option<PathBuf>,
     /// Other `gpu_join` options, by name without the prefix.
     settings: Vec<(String, String)>,
 }
@@ -61,6 +69,7 @@ fn parse_args() -> Result<Args> {
         compare: false,
         explain: false,
         plans: false,
+        parquet: None,
         settings: vec![],
     };
     let mut it = std::env::args().skip(1);
@@ -86,6 +95,7 @@ fn parse_args() -> Result<Args> {
             "--compare" => args.compare = true,
             "--explain" => args.explain = true,
             "--plans" => args.plans = true,
+            "--parquet" => args.parquet = Some(PathBuf::from(value()?)),
             "--set" => {
                 let setting = value()?;
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
@@ -186,13 +196,24 @@ async fn main() -> Result<()> {
     }
     let start = Instant::now();
     let gpu = session(&args, true)?;
-    tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
     let cpu = session(&args, false)?;
-    if args.compare {
-        tpch::register_tables(&cpu, args.scale_factor, args.partitions)?;
-    }
+    let source = match &args.parquet {
+        Some(dir) => {
+            let folder = tpch::write_parquet(dir, args.scale_factor, args.partitions)?;
+            tpch::register_parquet(&gpu, &folder).await?;
+            tpch::register_parquet(&cpu, &folder).await?;
+            format!("as Parquet files in {}", folder.display())
+        }
+        None => {
+            tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
+            if args.compare {
+                tpch::register_tables(&cpu, args.scale_factor, args.partitions)?;
+            }
+            "in memory".to_string()
+        }
+    };
     println!(
-        "TPC-H SF {} generated in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up",
+        "TPC-H SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up",
         args.scale_factor,
         start.elapsed().as_secs_f64(),
         args.backend,

@@ -1,7 +1,9 @@
-//! The TPC-H workload: tables generated in process with `tpchgen-arrow`, the
-//! 22 queries with the specification's validation parameters, and the
+//! The TPC-H workload: tables generated in process with `tpchgen-arrow`
+//! (held in memory, or written as Parquet files), the 22 queries with the specification's validation parameters, and the
 //! official scale factor 1 answers that the `tpchgen` crate ships.
 
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -11,7 +13,10 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::MemTable;
 use datafusion::common::{exec_datafusion_err, plan_err};
 use datafusion::error::Result;
-use datafusion::prelude::SessionContext;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::Compression;
+use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use rayon::prelude::*;
 use tpchgen::generators::{
     CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator, PartSuppGenerator,
@@ -27,13 +32,15 @@ const BATCH_ROWS: usize = 8192;
 /// The eight TPC-H tables.
 pub const TABLES: [&str; 8] = ["region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem"];
 
-/// One part of a table: its schema and batches.
-fn generate_part(table: &str, scale_factor: f64, part: i32, parts: i32) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+/// A part's batches, as the generator makes them.
+type Batches = Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>> + Send>;
+
+/// One part of a table: its schema and its batches, made as they are read.
+fn generate_part(table: &str, scale_factor: f64, part: i32, parts: i32) -> Result<(SchemaRef, Batches)> {
     macro_rules! generate {
         ($arrow:ident, $generator:ident) => {{
             let batches = $arrow::new($generator::new(scale_factor, part, parts)).with_batch_size(BATCH_ROWS);
-            let batches: std::result::Result<Vec<RecordBatch>, ArrowError> = batches.collect();
-            Ok(($arrow::schema_ref(), batches?))
+            Ok(($arrow::schema_ref(), Box::new(batches) as Batches))
         }};
     }
     match table {
@@ -49,18 +56,26 @@ fn generate_part(table: &str, scale_factor: f64, part: i32, parts: i32) -> Resul
     }
 }
 
+/// How many parts a table is generated in.
+fn parts_of(table: &str, partitions: usize) -> i32 {
+    // Nation and region have fixed contents that every part would repeat.
+    match table {
+        "nation" | "region" => 1,
+        _ => partitions.max(1) as i32,
+    }
+}
+
 /// Generates every table at `scale_factor` and registers it in `ctx` as an
 /// in-memory table of `partitions` partitions (generated in parallel).
 pub fn register_tables(ctx: &SessionContext, scale_factor: f64, partitions: usize) -> Result<()> {
     for table in TABLES {
-        // Nation and region have fixed contents that every part would repeat.
-        let parts = match table {
-            "nation" | "region" => 1,
-            _ => partitions.max(1) as i32,
-        };
+        let parts = parts_of(table, partitions);
         let generated: Vec<(SchemaRef, Vec<RecordBatch>)> = (1..=parts)
             .into_par_iter()
-            .map(|part| generate_part(table, scale_factor, part, parts))
+            .map(|part| {
+                let (schema, batches) = generate_part(table, scale_factor, part, parts)?;
+                Ok((schema, batches.collect::<std::result::Result<_, _>>()?))
+            })
             .collect::<Result<_>>()?;
         let schema = generated
             .first()
@@ -68,6 +83,65 @@ pub fn register_tables(ctx: &SessionContext, scale_factor: f64, partitions: usiz
             .ok_or_else(|| exec_datafusion_err!("{table}: nothing generated"))?;
         let partitions: Vec<Vec<RecordBatch>> = generated.into_iter().map(|(_, batches)| batches).collect();
         ctx.register_table(table, Arc::new(MemTable::try_new(schema, partitions)?))?;
+    }
+    Ok(())
+}
+
+/// The folder of the Parquet tables of one scale factor and part count.
+fn parquet_folder(dir: &Path, scale_factor: f64, partitions: usize) -> PathBuf {
+    dir.join(format!("sf{scale_factor}-parts{partitions}"))
+}
+
+/// Writes every table at `scale_factor` as Parquet files under `dir`, one
+/// file per part (`partitions` parts, written in parallel), in the order
+/// the generator makes the rows: orders and lineitem sorted by order key,
+/// the others by their first key. Snappy-compressed, with the writer's
+/// defaults otherwise (row groups of 2^20 rows, as DataFusion writes them,
+/// and column and page statistics), as a data lake would hold them. A table already written there is kept: each is written
+/// to a folder of its own and renamed into place only when complete.
+/// Returns the folder that `register_parquet` reads.
+pub fn write_parquet(dir: &Path, scale_factor: f64, partitions: usize) -> Result<PathBuf> {
+    let folder = parquet_folder(dir, scale_factor, partitions);
+    let properties = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+    for table in TABLES {
+        let done = folder.join(table);
+        if done.is_dir() {
+            continue;
+        }
+        let writing = folder.join(format!("{table}.writing"));
+        let context = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
+            exec_datafusion_err!("TPC-H Parquet: cannot {what} {}: {e}", path.display())
+        };
+        if writing.exists() {
+            std::fs::remove_dir_all(&writing).map_err(|e| context("clear", &writing, &e))?;
+        }
+        std::fs::create_dir_all(&writing).map_err(|e| context("create", &writing, &e))?;
+        let parts = parts_of(table, partitions);
+        (1..=parts).into_par_iter().try_for_each(|part| -> Result<()> {
+            let (schema, batches) = generate_part(table, scale_factor, part, parts)?;
+            let path = writing.join(format!("part-{part:03}.parquet"));
+            let file = File::create(&path).map_err(|e| context("create", &path, &e))?;
+            let mut writer = ArrowWriter::try_new(file, schema, Some(properties.clone()))?;
+            for batch in batches {
+                writer.write(&batch?)?;
+            }
+            writer.close()?;
+            Ok(())
+        })?;
+        std::fs::rename(&writing, &done).map_err(|e| context("rename", &writing, &e))?;
+    }
+    Ok(folder)
+}
+
+/// Registers in `ctx` the tables `write_parquet` wrote to `folder`, as
+/// listing tables over their files (statistics read from the footers).
+pub async fn register_parquet(ctx: &SessionContext, folder: &Path) -> Result<()> {
+    for table in TABLES {
+        let path = folder.join(table);
+        let url = path
+            .to_str()
+            .ok_or_else(|| exec_datafusion_err!("TPC-H Parquet: the path {} is not UTF-8", path.display()))?;
+        ctx.register_parquet(table, url, ParquetReadOptions::default()).await?;
     }
     Ok(())
 }
