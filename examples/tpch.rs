@@ -26,7 +26,9 @@
 //! strategy, the reason, and its metrics); `--plans` prints the whole
 //! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
-//! instance `--set probe_device_gather_ratio=0`.
+//! instance `--set probe_device_gather_ratio=0`, or, named in full, one of
+//! DataFusion's in both sessions (`--set
+//! datafusion.optimizer.enable_join_dynamic_filter_pushdown=false`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -113,10 +115,14 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
     options.backend = args.backend;
     options.min_rows = args.min_rows;
     options.min_build_rows = args.min_build_rows;
+    let mut config = SessionConfig::new().with_target_partitions(args.partitions);
     for (name, value) in &args.settings {
-        options.set(name, value)?;
+        match name.starts_with("datafusion.") {
+            true => config.options_mut().set(name, value)?,
+            false => options.set(name, value)?,
+        }
     }
-    let config = SessionConfig::new().with_target_partitions(args.partitions).with_option_extension(options);
+    let config = config.with_option_extension(options);
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
     Ok(SessionContext::new_with_state(state))
 }

@@ -13,6 +13,8 @@
 #   pruned            a star join over Parquet, the probe scan pruned by the build side's keys
 #   stress            16 concurrent queries for GPU_JOIN_STRESS_SECONDS (default 180)
 #   tpch              TPC-H SF 1 against the official answers and DataFusion
+#   tpch-parquet      the same from Parquet files
+#   tpch-parquet-10   TPC-H SF 10 from Parquet against DataFusion, the session's defaults
 # Each step writes LOG_DIR/STEP.log; LOG_DIR/summary.txt lists exit codes.
 # STEP_TIMEOUT (seconds, default 3600) bounds each step.
 set -uo pipefail
@@ -60,6 +62,9 @@ for name in $steps; do
     stress) step stress env GPU_JOIN_STRESS_SECONDS="${GPU_JOIN_STRESS_SECONDS:-180}" \
         ./bin/integration --nocapture reliability::concurrent ;;
     tpch) step tpch ./bin/tpch --sf 1 --validate --compare ;;
+    tpch-parquet) step tpch-parquet ./bin/tpch --sf 1 --validate --compare --parquet "$work/tpch-parquet" ;;
+    tpch-parquet-10) step tpch-parquet-10 ./bin/tpch --sf 10 --compare --iterations 3 \
+        --min-rows 10000000 --min-build-rows 262144 --parquet "$work/tpch-parquet" ;;
     *) echo "unknown step $name" | tee -a "$logs/summary.txt"; status=1 ;;
     esac
 done
