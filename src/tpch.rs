@@ -1,6 +1,7 @@
 //! The TPC-H workload: tables generated in process with `tpchgen-arrow`
-//! (held in memory, or written as Parquet files), the 22 queries with the specification's validation parameters, and the
-//! official scale factor 1 answers that the `tpchgen` crate ships.
+//! (held in memory, or written as Parquet files), the 22 queries with the
+//! specification's validation parameters, and the official scale factor 1
+//! answers that the `tpchgen` crate ships.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -97,9 +98,10 @@ fn parquet_folder(dir: &Path, scale_factor: f64, partitions: usize) -> PathBuf {
 /// the generator makes the rows: orders and lineitem sorted by order key,
 /// the others by their first key. Snappy-compressed, with the writer's
 /// defaults otherwise (row groups of 2^20 rows, as DataFusion writes them,
-/// and column and page statistics), as a data lake would hold them. A table already written there is kept: each is written
-/// to a folder of its own and renamed into place only when complete.
-/// Returns the folder that `register_parquet` reads.
+/// and column and page statistics), as a data lake would hold them. A
+/// table already written there is kept: each is written to a folder of its
+/// own and renamed into place only when complete. Returns the folder that
+/// `register_parquet` reads.
 pub fn write_parquet(dir: &Path, scale_factor: f64, partitions: usize) -> Result<PathBuf> {
     let folder = parquet_folder(dir, scale_factor, partitions);
     let properties = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
