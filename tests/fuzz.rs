@@ -175,6 +175,9 @@ struct Case {
     probe_chunk_rows: usize,
     /// Chunks' columns uploaded always (0), once enough rows matched, or never.
     probe_device_gather_ratio: f64,
+    /// Every build side to DataFusion's operator (`min_build_rows`), whose
+    /// output the partition hands over.
+    build_on_datafusion: bool,
     left: (SchemaRef, Vec<Vec<RecordBatch>>),
     right: (SchemaRef, Vec<Vec<RecordBatch>>),
 }
@@ -320,6 +323,7 @@ fn random_case(seed: u64) -> Case {
         batch_size: *[1, 3, 50, 8192].choose(&mut rng).expect("non-empty"),
         probe_chunk_rows: *[1, 10, 64, 1 << 20].choose(&mut rng).expect("non-empty"),
         probe_device_gather_ratio: *[0.0, 0.25, f64::INFINITY].choose(&mut rng).expect("non-empty"),
+        build_on_datafusion: rng.random_bool(0.25),
         left,
         right,
     }
@@ -394,6 +398,9 @@ async fn run_case(case: &Case) -> Result<(), String> {
     options.materialization = case.materialization;
     options.probe_chunk_rows = case.probe_chunk_rows;
     options.probe_device_gather_ratio = case.probe_device_gather_ratio;
+    if case.build_on_datafusion {
+        options.min_build_rows = usize::MAX;
+    }
     let gpu = GpuJoinExec::try_new(&hash_join(case), test_backend(), &options, ReplacedOperator::HashJoin)
         .map_err(|e| e.to_string())?;
     let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);

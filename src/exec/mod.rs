@@ -10,6 +10,7 @@ mod build;
 mod chosen;
 mod display;
 mod fallback;
+mod handoff;
 mod key_order;
 mod metrics;
 mod passes;

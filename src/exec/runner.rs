@@ -16,10 +16,11 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, oneshot};
 
 use super::build::{DeviceJoin, PendingBuild};
 use super::chosen::ChosenStrategies;
+use super::handoff::HandedOver;
 use super::metrics::GpuJoinMetrics;
 use super::probe_filter::ProbeFilter;
 use super::probe_yield::ProbeYield;
@@ -168,7 +169,8 @@ impl<B: JoinBackend> JoinRunner for Runner<B> {
         let schema = Arc::clone(&self.join.definition.output_schema);
         let mut builder = RecordBatchReceiverStreamBuilder::new(schema, 2);
         let tx = builder.tx();
-        builder.spawn(async move { run_partition(self, inputs, tx).await });
-        Ok(builder.build())
+        let (handover, handed) = oneshot::channel();
+        builder.spawn(async move { run_partition(self, inputs, tx, handover).await });
+        Ok(Box::pin(HandedOver::new(builder.build(), handed)))
     }
 }

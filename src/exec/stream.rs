@@ -29,8 +29,10 @@ use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OwnedSemaphorePermit;
@@ -38,6 +40,7 @@ use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::build::{CollectedBuild, DeviceJoin, PendingBuild, admitted};
 use super::fallback::{join_chunk_on_cpu, join_partition_on_cpu};
+use super::handoff::Handover;
 use super::passes::{BuildPasses, SPLIT_ROWS, split_by_pass};
 use super::read_ahead::read_ahead_while;
 use super::runner::{PartitionInputs, Runner};
@@ -82,6 +85,7 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     runner: Arc<Runner<B>>,
     inputs: PartitionInputs,
     tx: Sender<Result<RecordBatch>>,
+    handover: Handover,
 ) -> Result<()> {
     let options = GpuJoinConfig::from_config(inputs.context.session_config().options());
     // Injected failures hit probe chunks; the build side's preparation has
@@ -90,7 +94,7 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     counters.inject_allocation_failures(0, options.inject_allocation_failures);
     let _cancel = (CancelOnDrop(Arc::clone(&counters)), CancelOnDrop(Arc::clone(&build_counters)));
     let result = match runner.join.open_backend(Arc::clone(&build_counters)) {
-        Ok(build_backend) => join_partition(&runner, build_backend, &inputs, &options, &counters, &tx).await,
+        Ok(build_backend) => join_partition(&runner, build_backend, &inputs, &options, &counters, &tx, handover).await,
         Err(e) => Err(e),
     };
     inputs.metrics.record_device(&counters);
@@ -270,6 +274,7 @@ async fn join_partition<B: JoinBackend>(
     options: &GpuJoinConfig,
     counters: &Arc<DeviceCounters>,
     tx: &Sender<Result<RecordBatch>>,
+    handover: Handover,
 ) -> Result<()> {
     let cell = runner.build_cell(inputs.mode)?;
     let ahead =
@@ -333,12 +338,10 @@ async fn join_partition<B: JoinBackend>(
             }
             CollectedBuild::OnCpu { join, probe: slots, .. } => {
                 slots.put(inputs.partition, probe)?;
-                let mut batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
-                let mut wanted = true;
-                while let (true, Some(batch)) = (wanted, batches.next().await) {
-                    wanted = output.send(batch?).await?;
-                }
-                wanted
+                let batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
+                let collected = pending.placed().await?;
+                runner.finish_probe(inputs.mode);
+                return hand_over(batches, collected, inputs, handover, &mut output).await;
             }
         }
     };
@@ -365,6 +368,48 @@ async fn join_partition<B: JoinBackend>(
             output.send(rows).await?;
         }
     }
+    Ok(())
+}
+
+/// DataFusion's operator's output for the partition: handed over to the
+/// partition's consumer, which reads it as it would under DataFusion's
+/// plan; sent through the channel where the join has a `fetch` to count.
+/// The build side (and its memory reservation) lives as long as the stream.
+async fn hand_over<B: JoinBackend>(
+    mut batches: SendableRecordBatchStream,
+    collected: Arc<CollectedBuild<B>>,
+    inputs: &PartitionInputs,
+    handover: Handover,
+    output: &mut OutputSender<'_>,
+) -> Result<()> {
+    if inputs.fetch.is_some() {
+        let mut wanted = true;
+        while let (true, Some(batch)) = (wanted, batches.next().await) {
+            wanted = output.send(batch?).await?;
+        }
+        return Ok(());
+    }
+    let baseline = inputs.metrics.baseline.clone();
+    let batch_size = inputs.context.session_config().batch_size().max(1);
+    let schema = batches.schema();
+    // DataFusion's operator may emit more than `batch_size` rows at once
+    // (a left join's unmatched build rows).
+    let handed = batches.flat_map(move |batch| {
+        let _build = &collected;
+        let slices = match batch {
+            Ok(batch) => (0..batch.num_rows())
+                .step_by(batch_size)
+                .map(|offset| {
+                    let len = batch_size.min(batch.num_rows() - offset);
+                    Ok(output_slice(&batch, offset, len)?.record_output(&baseline))
+                })
+                .collect(),
+            Err(e) => vec![Err(e)],
+        };
+        futures::stream::iter(slices)
+    });
+    // The consumer has gone (the query was cancelled): nothing to hand on.
+    let _ = handover.send(Box::pin(RecordBatchStreamAdapter::new(schema, handed)));
     Ok(())
 }
 
@@ -866,6 +911,15 @@ async fn join_partition_in_key_order<B: JoinBackend>(
     Ok(())
 }
 
+/// Rows `offset..offset + len` of an output batch, over their own memory:
+/// a slice of a chunk would count the whole chunk's memory.
+fn output_slice(batch: &RecordBatch, offset: usize, len: usize) -> Result<RecordBatch> {
+    match len == batch.num_rows() {
+        true => compacted(batch),
+        false => owned_slice(batch, offset, len),
+    }
+}
+
 /// Sends output in `batch_size` slices and stops at the join's `fetch`.
 struct OutputSender<'a> {
     tx: &'a Sender<Result<RecordBatch>>,
@@ -901,12 +955,7 @@ impl<'a> OutputSender<'a> {
             if len == 0 {
                 break;
             }
-            // A slice of a chunk would count the whole chunk's memory.
-            let slice = match len == batch.num_rows() {
-                true => compacted(&batch)?,
-                false => owned_slice(&batch, offset, len)?,
-            }
-            .record_output(&self.inputs.metrics.baseline);
+            let slice = output_slice(&batch, offset, len)?.record_output(&self.inputs.metrics.baseline);
             offset += len;
             if let Some(remaining) = self.remaining.as_mut() {
                 *remaining -= len;
