@@ -21,8 +21,8 @@
 //! all (a session's defaults, 10000000 and 262144, keep the joins of scale
 //! factor 1 and the small build sides of larger ones on DataFusion). `--validate` checks every result
 //! against the official answers (scale factor 1 only); `--compare` also
-//! runs each query on DataFusion alone and checks that the rows are the
-//! same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
+//! runs each query on DataFusion alone, the two sessions taking turns run
+//! by run, and checks that the rows are the same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
 //! strategy, the reason, and its metrics); `--plans` prints the whole
 //! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
@@ -127,21 +127,34 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
     Ok(SessionContext::new_with_state(state))
 }
 
-/// Median time of `iterations` runs after one warm-up run.
+/// Each session's median time of `iterations` runs after one warm-up run,
+/// and its last result. The sessions take turns run by run, so that neither
+/// gains from running after the other (warmer caches, files, allocator).
 async fn timed(
-    ctx: &SessionContext,
+    sessions: &[&SessionContext],
     query: usize,
     args: &Args,
-) -> Result<(Duration, Vec<datafusion::arrow::array::RecordBatch>)> {
-    let mut batches = tpch::run_query(ctx, query, args.scale_factor).await?;
-    let mut times = vec![];
-    for _ in 0..args.iterations {
-        let start = Instant::now();
-        batches = tpch::run_query(ctx, query, args.scale_factor).await?;
-        times.push(start.elapsed());
+) -> Result<Vec<(Duration, Vec<datafusion::arrow::array::RecordBatch>)>> {
+    let mut results = vec![];
+    for ctx in sessions {
+        results.push(tpch::run_query(ctx, query, args.scale_factor).await?);
     }
-    times.sort();
-    Ok((times[times.len() / 2], batches))
+    let mut times = vec![vec![]; sessions.len()];
+    for _ in 0..args.iterations {
+        for ((ctx, result), times) in sessions.iter().zip(&mut results).zip(&mut times) {
+            let start = Instant::now();
+            *result = tpch::run_query(ctx, query, args.scale_factor).await?;
+            times.push(start.elapsed());
+        }
+    }
+    Ok(times
+        .into_iter()
+        .zip(results)
+        .map(|(mut times, result)| {
+            times.sort();
+            (times.get(times.len() / 2).copied().unwrap_or_default(), result)
+        })
+        .collect())
 }
 
 async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<String> {
@@ -228,11 +241,12 @@ async fn main() -> Result<()> {
     );
     let mut failures = vec![];
     for &query in &args.queries {
-        let (time, batches) = timed(&gpu, query, &args).await?;
+        let sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
+        let mut timings = timed(&sessions, query, &args).await?.into_iter();
+        let (time, batches) = timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
-        if args.compare {
-            let (cpu_time, cpu_batches) = timed(&cpu, query, &args).await?;
+        if let Some((cpu_time, cpu_batches)) = timings.next() {
             let same = sorted(&batches)? == sorted(&cpu_batches)?;
             line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu_time.as_secs_f64() * 1e3));
             if !same {
