@@ -22,7 +22,7 @@
 //! factor 1 and the small build sides of larger ones on DataFusion). `--validate` checks every result
 //! against the official answers (scale factor 1 only); `--compare` also
 //! runs each query on DataFusion alone, the two sessions taking turns run
-//! by run, and checks that the rows are the same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
+//! by run (each first every other time), and checks that the rows are the same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
 //! strategy, the reason, and its metrics); `--plans` prints the whole
 //! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
@@ -128,8 +128,9 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
 }
 
 /// Each session's median time of `iterations` runs after one warm-up run,
-/// and its last result. The sessions take turns run by run, so that neither
-/// gains from running after the other (warmer caches, files, allocator).
+/// and its last result. The sessions take turns run by run, each going
+/// first every other time, so that neither gains from running after the
+/// other (warmer caches, files, allocator).
 async fn timed(
     sessions: &[&SessionContext],
     query: usize,
@@ -140,8 +141,12 @@ async fn timed(
         results.push(tpch::run_query(ctx, query, args.scale_factor).await?);
     }
     let mut times = vec![vec![]; sessions.len()];
-    for _ in 0..args.iterations {
-        for ((ctx, result), times) in sessions.iter().zip(&mut results).zip(&mut times) {
+    for iteration in 0..args.iterations {
+        let mut turns: Vec<_> = sessions.iter().zip(&mut results).zip(&mut times).collect();
+        if iteration % 2 == 1 {
+            turns.reverse();
+        }
+        for ((ctx, result), times) in turns {
             let start = Instant::now();
             *result = tpch::run_query(ctx, query, args.scale_factor).await?;
             times.push(start.elapsed());
