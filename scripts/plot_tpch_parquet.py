@@ -3,8 +3,8 @@
     python3 scripts/plot_tpch_parquet.py docs/data/tpch-parquet-h100-2026-11-24.csv docs/tpch-parquet-h100.png
 
 The CSV holds what `tpch --compare --parquet DIR` prints, one row per query
-and run; the plot shows the runs in RUNS, those of all 22 queries at scale
-factors 10 and 30 with three timed runs each.
+and run; the plot shows the runs in RUNS: all 22 queries at scale factors
+10 and 30, the two sessions taking turns run by run.
 """
 import csv
 import sys
@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-RUNS = ["B: SF 10", "E: SF 30"]
+RUNS = ["G: SF 10, turns", "I: SF 30, turns, each first every other run"]
 
 
 def main(source, target):
@@ -31,7 +31,7 @@ def main(source, target):
     axes.set_xticklabels([f"Q{q}" for q in range(1, 23)])
     axes.set_ylabel("GPU session / DataFusion (time)")
     axes.set_ylim(0.6, 1.3)
-    axes.set_title("TPC-H from Parquet on the H100 machine, a session's defaults, median of 3 runs after one")
+    axes.set_title("TPC-H from Parquet on the H100 machine, a session's defaults, sessions taking turns")
     axes.legend()
     figure.tight_layout()
     figure.savefig(target, dpi=110)
