@@ -31,7 +31,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::joins::PartitionMode;
-use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -397,13 +397,7 @@ async fn hand_over<B: JoinBackend>(
     let handed = batches.flat_map(move |batch| {
         let _build = &collected;
         let slices = match batch {
-            Ok(batch) => (0..batch.num_rows())
-                .step_by(batch_size)
-                .map(|offset| {
-                    let len = batch_size.min(batch.num_rows() - offset);
-                    Ok(output_slice(&batch, offset, len)?.record_output(&baseline))
-                })
-                .collect(),
+            Ok(batch) => output_slices(&batch, batch_size, usize::MAX, &baseline).collect(),
             Err(e) => vec![Err(e)],
         };
         futures::stream::iter(slices)
@@ -911,13 +905,25 @@ async fn join_partition_in_key_order<B: JoinBackend>(
     Ok(())
 }
 
-/// Rows `offset..offset + len` of an output batch, over their own memory:
-/// a slice of a chunk would count the whole chunk's memory.
-fn output_slice(batch: &RecordBatch, offset: usize, len: usize) -> Result<RecordBatch> {
-    match len == batch.num_rows() {
-        true => compacted(batch),
-        false => owned_slice(batch, offset, len),
-    }
+/// An output batch as the partition's consumer gets it: its first `limit`
+/// rows in slices of at most `batch_size`, made one at a time, each over
+/// its own memory (a slice of a chunk would count the whole chunk's
+/// memory) and counted in `baseline`.
+fn output_slices<'a>(
+    batch: &'a RecordBatch,
+    batch_size: usize,
+    limit: usize,
+    baseline: &'a BaselineMetrics,
+) -> impl Iterator<Item = Result<RecordBatch>> + 'a {
+    let end = batch.num_rows().min(limit);
+    (0..end).step_by(batch_size).map(move |offset| {
+        let len = batch_size.min(end - offset);
+        let slice = match len == batch.num_rows() {
+            true => compacted(batch)?,
+            false => owned_slice(batch, offset, len)?,
+        };
+        Ok(slice.record_output(baseline))
+    })
 }
 
 /// Sends output in `batch_size` slices and stops at the join's `fetch`.
@@ -946,19 +952,11 @@ impl<'a> OutputSender<'a> {
     /// False once no more output is wanted: the fetch is reached or the
     /// consumer has gone (the query was cancelled).
     async fn send(&mut self, batch: RecordBatch) -> Result<bool> {
-        let mut offset = 0;
-        while offset < batch.num_rows() {
-            let mut len = self.batch_size.min(batch.num_rows() - offset);
-            if let Some(remaining) = self.remaining {
-                len = len.min(remaining);
-            }
-            if len == 0 {
-                break;
-            }
-            let slice = output_slice(&batch, offset, len)?.record_output(&self.inputs.metrics.baseline);
-            offset += len;
+        let limit = self.remaining.unwrap_or(usize::MAX);
+        for slice in output_slices(&batch, self.batch_size, limit, &self.inputs.metrics.baseline) {
+            let slice = slice?;
             if let Some(remaining) = self.remaining.as_mut() {
-                *remaining -= len;
+                *remaining -= slice.num_rows();
             }
             if self.tx.send(Ok(slice)).await.is_err() {
                 return Ok(false);
