@@ -1,4 +1,4 @@
-//! TPC-H through a DataFusion session with the GPU join.
+//! TPC-H (or TPC-DS) through a DataFusion session with the GPU join.
 //!
 //! Generates the tables in memory, or as Parquet files, runs the 22 queries
 //! and prints, per query, the time, the rows and where each join ran.
@@ -6,8 +6,15 @@
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
-//!     [--parquet DIR] [--validate] [--compare] [--explain] [--plans] [--set NAME=VALUE ...]
+//!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
+//!     [--set NAME=VALUE ...]
 //! ```
+//!
+//! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated in
+//! memory, and the queries of the `queryN.sql` files in `QUERY_DIR`, which
+//! TPC's query generator writes (docs/benchmarks.md shows how). A query
+//! that fails in the GPU session is a failed check, unless DataFusion alone
+//! (with `--compare`) fails on it too: then it is reported and skipped.
 //!
 //! `--parquet DIR` writes the tables as Parquet files under `DIR` (one file
 //! per partition, kept for the next run of the same scale factor and
@@ -33,12 +40,14 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::config::ExtensionOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
-use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend, tpch};
+use datafusion_gpu_join::workloads::{self, is_query, tpcds, tpch};
+use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend};
 
 struct Args {
     scale_factor: f64,
@@ -54,6 +63,8 @@ struct Args {
     plans: bool,
     /// Where the Parquet files go; the tables are held in memory without it.
     parquet: Option<PathBuf>,
+    /// Where TPC-DS's query files are; TPC-H runs without it.
+    tpcds: Option<PathBuf>,
     /// Other `gpu_join` options, by name without the prefix.
     settings: Vec<(String, String)>,
 }
@@ -62,7 +73,7 @@ fn parse_args() -> Result<Args> {
     let mut args = Args {
         scale_factor: 1.0,
         backend: BackendChoice::Auto,
-        queries: (1..=22).collect(),
+        queries: vec![],
         iterations: 1,
         partitions: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         min_rows: 0,
@@ -72,6 +83,7 @@ fn parse_args() -> Result<Args> {
         explain: false,
         plans: false,
         parquet: None,
+        tpcds: None,
         settings: vec![],
     };
     let mut it = std::env::args().skip(1);
@@ -98,6 +110,7 @@ fn parse_args() -> Result<Args> {
             "--explain" => args.explain = true,
             "--plans" => args.plans = true,
             "--parquet" => args.parquet = Some(PathBuf::from(value()?)),
+            "--tpcds" => args.tpcds = Some(PathBuf::from(value()?)),
             "--set" => {
                 let setting = value()?;
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
@@ -106,7 +119,27 @@ fn parse_args() -> Result<Args> {
             other => return Err(bad(other)),
         }
     }
+    if args.queries.is_empty() {
+        args.queries = match &args.tpcds {
+            Some(dir) => tpcds::query_numbers(dir)?,
+            None => (1..=22).collect(),
+        };
+    }
     Ok(args)
+}
+
+impl Args {
+    /// The statements of query `query` of the workload.
+    fn statements(&self, query: usize) -> Result<Vec<String>> {
+        match &self.tpcds {
+            Some(dir) => tpcds::statements(dir, query),
+            None => tpch::statements(query, self.scale_factor),
+        }
+    }
+
+    async fn run(&self, ctx: &SessionContext, query: usize) -> Result<Vec<RecordBatch>> {
+        workloads::run_statements(ctx, &self.statements(query)?).await
+    }
 }
 
 fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
@@ -131,14 +164,10 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
 /// and its last result. The sessions take turns run by run, each going
 /// first every other time, so that neither gains from running after the
 /// other (warmer caches, files, allocator).
-async fn timed(
-    sessions: &[&SessionContext],
-    query: usize,
-    args: &Args,
-) -> Result<Vec<(Duration, Vec<datafusion::arrow::array::RecordBatch>)>> {
+async fn timed(sessions: &[&SessionContext], query: usize, args: &Args) -> Result<Vec<(Duration, Vec<RecordBatch>)>> {
     let mut results = vec![];
     for ctx in sessions {
-        results.push(tpch::run_query(ctx, query, args.scale_factor).await?);
+        results.push(args.run(ctx, query).await?);
     }
     let mut times = vec![vec![]; sessions.len()];
     for iteration in 0..args.iterations {
@@ -148,7 +177,7 @@ async fn timed(
         }
         for ((ctx, result), times) in turns {
             let start = Instant::now();
-            *result = tpch::run_query(ctx, query, args.scale_factor).await?;
+            *result = args.run(ctx, query).await?;
             times.push(start.elapsed());
         }
     }
@@ -162,11 +191,11 @@ async fn timed(
         .collect())
 }
 
-async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<String> {
+async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<String> {
     let mut on_gpu = vec![];
     let mut on_cpu = vec![];
-    for statement in tpch::statements(query, scale_factor)? {
-        if !statement.to_ascii_lowercase().starts_with("select") {
+    for statement in args.statements(query)? {
+        if !is_query(&statement) {
             // Q15's view must exist while its query is planned.
             ctx.sql(&statement).await?.collect().await?;
             continue;
@@ -190,10 +219,10 @@ async fn placements(ctx: &SessionContext, query: usize, scale_factor: f64) -> Re
 }
 
 /// The lines of EXPLAIN ANALYZE for the query's statements.
-async fn explain_analyze(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<Vec<String>> {
+async fn explain_analyze(ctx: &SessionContext, query: usize, args: &Args) -> Result<Vec<String>> {
     let mut lines = vec![];
-    for statement in tpch::statements(query, scale_factor)? {
-        if !statement.to_ascii_lowercase().starts_with("select") {
+    for statement in args.statements(query)? {
+        if !is_query(&statement) {
             ctx.sql(&statement).await?.collect().await?;
             continue;
         }
@@ -213,22 +242,32 @@ async fn main() -> Result<()> {
         println!("no usable CUDA device ({why}); running on the CPU reference backend");
         args.backend = BackendChoice::Cpu;
     }
-    if args.validate && args.scale_factor != 1.0 {
+    if args.validate && (args.scale_factor != 1.0 || args.tpcds.is_some()) {
         return Err(DataFusionError::Configuration(
-            "--validate needs --sf 1: the official answers are for scale factor 1".into(),
+            "--validate needs TPC-H at --sf 1: the official answers are for scale factor 1".into(),
         ));
+    }
+    if args.parquet.is_some() && args.tpcds.is_some() {
+        return Err(DataFusionError::Configuration("--parquet is for TPC-H; TPC-DS is held in memory".into()));
     }
     let start = Instant::now();
     let gpu = session(&args, true)?;
     let cpu = session(&args, false)?;
-    let source = match &args.parquet {
-        Some(dir) => {
+    let source = match (&args.parquet, &args.tpcds) {
+        (_, Some(_)) => {
+            tpcds::register_tables(&gpu, args.scale_factor, args.partitions)?;
+            if args.compare {
+                tpcds::register_tables(&cpu, args.scale_factor, args.partitions)?;
+            }
+            "in memory".to_string()
+        }
+        (Some(dir), None) => {
             let folder = tpch::write_parquet(dir, args.scale_factor, args.partitions)?;
             tpch::register_parquet(&gpu, &folder).await?;
             tpch::register_parquet(&cpu, &folder).await?;
             format!("as Parquet files in {}", folder.display())
         }
-        None => {
+        (None, None) => {
             tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
             if args.compare {
                 tpch::register_tables(&cpu, args.scale_factor, args.partitions)?;
@@ -237,7 +276,8 @@ async fn main() -> Result<()> {
         }
     };
     println!(
-        "TPC-H SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up",
+        "{} SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up",
+        if args.tpcds.is_some() { "TPC-DS" } else { "TPC-H" },
         args.scale_factor,
         start.elapsed().as_secs_f64(),
         args.backend,
@@ -247,12 +287,24 @@ async fn main() -> Result<()> {
     let mut failures = vec![];
     for &query in &args.queries {
         let sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
-        let mut timings = timed(&sessions, query, &args).await?.into_iter();
+        let mut timings = match timed(&sessions, query, &args).await {
+            Ok(timings) => timings.into_iter(),
+            Err(e) => {
+                match args.compare && args.run(&cpu, query).await.is_err() {
+                    true => println!("Q{query:02} skipped: DataFusion alone fails on it too ({e})"),
+                    false => {
+                        println!("Q{query:02} FAILED: {e}");
+                        failures.push(format!("Q{query}: {e}"));
+                    }
+                }
+                continue;
+            }
+        };
         let (time, batches) = timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
         if let Some((cpu_time, cpu_batches)) = timings.next() {
-            let same = sorted(&batches)? == sorted(&cpu_batches)?;
+            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&cpu_batches)?;
             line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu_time.as_secs_f64() * 1e3));
             if !same {
                 failures.push(format!("Q{query}: rows differ from DataFusion's"));
@@ -267,9 +319,9 @@ async fn main() -> Result<()> {
                 }
             }
         }
-        println!("{line}\n      {}", placements(&gpu, query, args.scale_factor).await?);
+        println!("{line}\n      {}", placements(&gpu, query, &args).await?);
         if args.explain {
-            for line in explain_analyze(&gpu, query, args.scale_factor).await? {
+            for line in explain_analyze(&gpu, query, &args).await? {
                 if line.contains("GpuJoinExec") {
                     println!("      {line}");
                 }
@@ -282,7 +334,7 @@ async fn main() -> Result<()> {
             }
             for (name, ctx) in sessions {
                 println!("      {name}'s plan:");
-                for line in explain_analyze(ctx, query, args.scale_factor).await? {
+                for line in explain_analyze(ctx, query, &args).await? {
                     println!("        {line}");
                 }
             }
@@ -293,10 +345,4 @@ async fn main() -> Result<()> {
     } else {
         Err(DataFusionError::Execution(format!("{} checks failed:\n{}", failures.len(), failures.join("\n"))))
     }
-}
-
-fn sorted(batches: &[datafusion::arrow::array::RecordBatch]) -> Result<Vec<Vec<String>>> {
-    let mut rows = tpch::result_cells(batches)?;
-    rows.sort();
-    Ok(rows)
 }

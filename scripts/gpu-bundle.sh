@@ -16,7 +16,9 @@ cargo build --profile device --tests --benches --examples --message-format=json-
 # The executables cargo reports for the targets that run on the GPU. Four
 # DataFusion binaries pack to more than 64 MiB: with GPU_BUNDLE_TPCH=1 the
 # TPC-H job is also packed, stripped, into an archive of its own
-# (gpu-bundle/tpch/tpch.tar.xz), to be carried alone or beside the rest.
+# (gpu-bundle/tpch/tpch.tar.xz), to be carried alone or beside the rest,
+# with the TPC-DS query files of GPU_BUNDLE_TPCDS_QUERIES (a folder of
+# queryN.sql, see docs/benchmarks.md) where that is set.
 python3 - "$messages" "$stage/bin" <<'PY'
 import json, os, shutil, sys
 wanted = {("test", "integration"), ("bench", "kernels"), ("bench", "operator")}
@@ -60,6 +62,10 @@ if [ -d "$tpch_bin" ]; then
     strip "$stage.tpch-bin/tpch"
     mkdir -p gpu-bundle/tpch "$stage.tpch/bin"
     mv "$stage.tpch-bin/tpch" "$stage.tpch/bin/tpch"
+    if [ -n "${GPU_BUNDLE_TPCDS_QUERIES:-}" ]; then
+        mkdir -p "$stage.tpch/tpcds-queries"
+        cp "$GPU_BUNDLE_TPCDS_QUERIES"/query*.sql "$stage.tpch/tpcds-queries/"
+    fi
     tar -C "$stage.tpch" -cf - . | xz -T2 -6 >gpu-bundle/tpch/tpch.tar.xz
     rm -rf "$stage.tpch" "$stage.tpch-bin"
 fi

@@ -30,7 +30,7 @@ pub mod exec;
 pub mod keys;
 pub mod rule;
 mod session;
-pub mod tpch;
+pub mod workloads;
 
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;

@@ -12,4 +12,5 @@ mod plans;
 mod primitives;
 mod reliability;
 mod sqllogic;
+mod tpcds;
 mod tpch;

@@ -5,13 +5,10 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::catalog::MemTable;
 use datafusion::common::{exec_datafusion_err, plan_err};
 use datafusion::error::Result;
 use datafusion::parquet::arrow::ArrowWriter;
@@ -26,6 +23,8 @@ use tpchgen::generators::{
 use tpchgen_arrow::{
     CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow, SupplierArrow,
 };
+
+use super::{register_parts, result_cells, run_statements};
 
 /// Rows per generated batch.
 const BATCH_ROWS: usize = 8192;
@@ -71,19 +70,14 @@ fn parts_of(table: &str, partitions: usize) -> i32 {
 pub fn register_tables(ctx: &SessionContext, scale_factor: f64, partitions: usize) -> Result<()> {
     for table in TABLES {
         let parts = parts_of(table, partitions);
-        let generated: Vec<(SchemaRef, Vec<RecordBatch>)> = (1..=parts)
+        let generated = (1..=parts)
             .into_par_iter()
             .map(|part| {
                 let (schema, batches) = generate_part(table, scale_factor, part, parts)?;
                 Ok((schema, batches.collect::<std::result::Result<_, _>>()?))
             })
             .collect::<Result<_>>()?;
-        let schema = generated
-            .first()
-            .map(|(s, _)| Arc::clone(s))
-            .ok_or_else(|| exec_datafusion_err!("{table}: nothing generated"))?;
-        let partitions: Vec<Vec<RecordBatch>> = generated.into_iter().map(|(_, batches)| batches).collect();
-        ctx.register_table(table, Arc::new(MemTable::try_new(schema, partitions)?))?;
+        register_parts(ctx, table, generated)?;
     }
     Ok(())
 }
@@ -215,33 +209,9 @@ pub fn statements(query: usize, scale_factor: f64) -> Result<Vec<String>> {
     Ok(statements)
 }
 
-/// Runs the statements of a query and returns the result of its `SELECT`.
+/// Runs the statements of a query and returns the rows of its `SELECT`.
 pub async fn run_query(ctx: &SessionContext, query: usize, scale_factor: f64) -> Result<Vec<RecordBatch>> {
-    let mut result = vec![];
-    for statement in statements(query, scale_factor)? {
-        let batches = ctx.sql(&statement).await?.collect().await?;
-        if statement.to_ascii_lowercase().starts_with("select") {
-            result = batches;
-        }
-    }
-    Ok(result)
-}
-
-/// Result rows as text cells, in order.
-pub fn result_cells(batches: &[RecordBatch]) -> Result<Vec<Vec<String>>> {
-    let options = FormatOptions::default().with_null("NULL");
-    let mut rows = vec![];
-    for batch in batches {
-        let formatters = batch
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        for row in 0..batch.num_rows() {
-            rows.push(formatters.iter().map(|f| f.value(row).to_string()).collect());
-        }
-    }
-    Ok(rows)
+    run_statements(ctx, &statements(query, scale_factor)?).await
 }
 
 /// Compares a query's result at scale factor 1 with the official answer:

@@ -1,0 +1,87 @@
+//! Benchmark workloads run through a session: TPC-H ([`tpch`]) and TPC-DS
+//! ([`tpcds`]), with what both need to run their queries and compare the
+//! rows of two sessions.
+
+pub mod tpcds;
+pub mod tpch;
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Float64Type, SchemaRef};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::catalog::MemTable;
+use datafusion::common::exec_datafusion_err;
+use datafusion::error::Result;
+use datafusion::prelude::SessionContext;
+
+/// Registers a table generated in parts as an in-memory table with one
+/// partition per part.
+fn register_parts(ctx: &SessionContext, table: &str, parts: Vec<(SchemaRef, Vec<RecordBatch>)>) -> Result<()> {
+    let schema =
+        parts.first().map(|(s, _)| Arc::clone(s)).ok_or_else(|| exec_datafusion_err!("{table}: nothing generated"))?;
+    let partitions: Vec<Vec<RecordBatch>> = parts.into_iter().map(|(_, batches)| batches).collect();
+    ctx.register_table(table, Arc::new(MemTable::try_new(schema, partitions)?))?;
+    Ok(())
+}
+
+/// Whether a statement returns rows (a `SELECT`, or one led by `WITH`).
+pub fn is_query(statement: &str) -> bool {
+    let lower = statement.trim_start().to_ascii_lowercase();
+    lower.starts_with("select") || lower.starts_with("with") || lower.starts_with('(')
+}
+
+/// Runs `statements` in order and returns the rows of every query among
+/// them, one after another.
+pub async fn run_statements(ctx: &SessionContext, statements: &[String]) -> Result<Vec<RecordBatch>> {
+    let mut rows = vec![];
+    for statement in statements {
+        let batches = ctx.sql(statement).await?.collect().await?;
+        if is_query(statement) {
+            rows.extend(batches);
+        }
+    }
+    Ok(rows)
+}
+
+/// Result rows as text cells, in order.
+pub fn result_cells(batches: &[RecordBatch]) -> Result<Vec<Vec<String>>> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut rows = vec![];
+    for batch in batches {
+        let formatters = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for row in 0..batch.num_rows() {
+            rows.push(formatters.iter().map(|f| f.value(row).to_string()).collect());
+        }
+    }
+    Ok(rows)
+}
+
+/// Result rows as text cells, sorted, with floating-point values to ten
+/// significant digits: two plans that sum floats in another order agree
+/// to about that many, and the queries' `ORDER BY` may leave ties in any
+/// order.
+pub fn comparable_rows(batches: &[RecordBatch]) -> Result<Vec<Vec<String>>> {
+    let mut rows = result_cells(batches)?;
+    let mut at = 0;
+    for batch in batches {
+        for (column, array) in batch.columns().iter().enumerate() {
+            if !matches!(array.data_type(), DataType::Float16 | DataType::Float32 | DataType::Float64) {
+                continue;
+            }
+            let values = cast(array, &DataType::Float64)?;
+            let values = values.as_primitive::<Float64Type>();
+            for row in (0..values.len()).filter(|&r| values.is_valid(r)) {
+                rows[at + row][column] = format!("{:.9e}", values.value(row));
+            }
+        }
+        at += batch.num_rows();
+    }
+    rows.sort();
+    Ok(rows)
+}
