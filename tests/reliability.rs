@@ -290,6 +290,31 @@ async fn outputs_beyond_two_to_the_31_rows() {
     assert!(count > 1 << 31);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_many_to_many_chunk_is_joined_in_pieces() {
+    // Each probe row meets 257 build rows: the one chunk of 65,536 probe
+    // rows makes more pairs than one match call makes (2^24), and is joined
+    // in pieces, each piece's output sent before the next is joined.
+    let tables = [
+        "create table b as select i % 4 as k, i as p from generate_series(1, 1028) t(i)",
+        "create table pr as select i % 4 as k, i % 7 as q from generate_series(1, 65536) t(i)",
+    ];
+    let query = "select count(*), sum(p), sum(q) from b join pr on b.k = pr.k";
+    let config = SessionConfig::new().with_target_partitions(1).with_batch_size(8192);
+    let reference = datafusion_context(config.clone());
+    let ctx = gpu_context(config);
+    run(&ctx, "set gpu_join.probe_chunk_rows = 65536").await;
+    for table in tables {
+        run(&reference, table).await;
+        run(&ctx, table).await;
+    }
+    let expected = sorted_rows(&run(&reference, query).await);
+    assert!(expected[0].starts_with(&format!("{}|", 65536 * 257)), "{expected:?}");
+    assert_eq!(sorted_rows(&run(&ctx, query).await), expected);
+    let [retries] = join_metrics(&ctx, query, ["out_of_memory_retries"]).await;
+    assert!(retries.is_some_and(|r| r >= 1), "{retries:?} retries");
+}
+
 #[test]
 fn threads_waiting_for_the_device_sleep() {
     use cudarc::driver::sys::{CUctx_flags, cuDevicePrimaryCtxGetState};

@@ -69,6 +69,21 @@ impl ProbeYield {
         }
         probe_rows > 0 && self.output_rows.load(Ordering::Relaxed) as f64 >= ratio * probe_rows as f64
     }
+
+    /// Probe rows per chunk, at most `configured`, such that a chunk of the
+    /// join's measured yield gives about half of `max_output` rows: a join
+    /// that emits many rows per probe row (a many-to-many join) is joined
+    /// in chunks whose output is held in bounded memory, rather than each
+    /// chunk overflowing and being split after its matching.
+    pub fn chunk_rows(&self, configured: usize, max_output: usize) -> usize {
+        let probe_rows = self.probe_rows.load(Ordering::Relaxed);
+        let output_rows = self.output_rows.load(Ordering::Relaxed);
+        if probe_rows == 0 || output_rows <= probe_rows {
+            return configured;
+        }
+        let fitting = (max_output as u128 * probe_rows as u128 / (2 * output_rows as u128)) as usize;
+        fitting.clamp(1, configured.max(1))
+    }
 }
 
 #[cfg(test)]
@@ -85,6 +100,19 @@ mod tests {
         seen.record(1000, 500, false);
         assert!(seen.columns_to_device(0.25));
         assert!(!seen.columns_to_device(f64::INFINITY));
+    }
+
+    #[test]
+    fn chunks_shrink_to_keep_a_many_to_many_join_s_output_bounded() {
+        let seen = ProbeYield::default();
+        assert_eq!(seen.chunk_rows(4096, 1 << 20), 4096, "nothing measured yet");
+        seen.record(1000, 1000, false);
+        assert_eq!(seen.chunk_rows(4096, 1 << 20), 4096, "one row per probe row");
+        seen.record(1000, 1_999_000, false);
+        assert_eq!(seen.chunk_rows(1 << 20, 1 << 20), 524, "1,000 rows per probe row: 2^19 output rows");
+        assert_eq!(seen.chunk_rows(100, 1 << 20), 100, "never more than configured");
+        seen.record(1, u32::MAX as usize, false);
+        assert_eq!(seen.chunk_rows(100, 1), 1, "at least one row");
     }
 
     #[test]

@@ -43,9 +43,18 @@ impl ProbeStaging {
         Self { schema, chunk_rows: chunk_rows.max(1), batches: vec![], rows: 0 }
     }
 
+    /// Makes the next chunks `chunk_rows` rows; rows already gathered past
+    /// that go out with the next batch, as a chunk of their own.
+    pub fn resize(&mut self, chunk_rows: usize) {
+        self.chunk_rows = chunk_rows.max(1);
+    }
+
     /// Adds a batch; returns the chunks it completes.
     pub fn push(&mut self, mut batch: RecordBatch) -> Vec<StagedChunk> {
         let mut chunks = vec![];
+        if self.rows >= self.chunk_rows {
+            chunks.extend(self.finish());
+        }
         while self.rows + batch.num_rows() >= self.chunk_rows {
             let take = self.chunk_rows - self.rows;
             self.batches.push(batch.slice(0, take));
@@ -97,4 +106,34 @@ pub(crate) fn assemble_rows<B: JoinBackend>(
 ) -> Result<HostRows> {
     let columns = assemble_columns(backend, &schema, &batches, rows, whole)?;
     Ok(HostRows::new(schema, batches, columns))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int32Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+
+    use super::ProbeStaging;
+
+    fn batch(rows: i32) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from_iter_values(0..rows))]).unwrap()
+    }
+
+    #[test]
+    fn chunks_take_the_size_set_before_each_batch() {
+        let mut staging = ProbeStaging::new(batch(0).schema(), 100);
+        let sizes = |chunks: Vec<super::StagedChunk>| chunks.iter().map(|c| c.rows).collect::<Vec<_>>();
+        assert_eq!(sizes(staging.push(batch(150))), [100]);
+        // 50 rows are gathered: made smaller than that, they go out first,
+        // then the next batch is cut to the new size.
+        staging.resize(20);
+        assert_eq!(sizes(staging.push(batch(45))), [50, 20, 20]);
+        staging.resize(1000);
+        assert_eq!(sizes(staging.push(batch(10))), Vec::<usize>::new());
+        assert_eq!(staging.finish().map(|c| c.rows), Some(15));
+    }
 }

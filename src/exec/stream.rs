@@ -50,7 +50,7 @@ use crate::algorithms::{
     finish_build_side, join_loaded_chunk, load_probe_chunk,
 };
 use crate::arrays::{compacted, owned_slice};
-use crate::backend::{DeviceCounters, JoinBackend, MAX_RELATION_ROWS};
+use crate::backend::{DeviceCounters, JoinBackend, MAX_CANDIDATES, MAX_RELATION_ROWS};
 use crate::config::GpuJoinConfig;
 
 /// Below this many rows a chunk that runs out of device memory is not
@@ -552,6 +552,7 @@ async fn assemble_chunks<B: JoinBackend>(
         MemoryConsumer::new(format!("GpuJoinProbe[{}]", inputs.partition)).register(inputs.context.memory_pool());
     let chunk_rows = partition.options.probe_chunk_rows.clamp(1, MAX_RELATION_ROWS);
     let mut staging = ProbeStaging::new(inputs.right.schema(), chunk_rows);
+    let probe_yield = &partition.join.probe_yield;
     let mut input_done = false;
     while !input_done {
         let chunks = match probe.next().await {
@@ -559,6 +560,7 @@ async fn assemble_chunks<B: JoinBackend>(
                 let batch = batch?;
                 partition.hold_probe(&batch)?;
                 reservation.try_grow(held_bytes(&batch))?;
+                staging.resize(probe_yield.chunk_rows(chunk_rows, MAX_CANDIDATES));
                 staging.push(batch)
             }
             None => {
@@ -711,7 +713,7 @@ async fn join_chunks<B: JoinBackend>(
                 BuildNow::Ready(build) => join_chunk(partition, &backend, &build, chunk).await.map(Some),
                 // Loaded while the build side was prepared whole, which was
                 // split into passes instead: the loader says so once done.
-                BuildNow::Split(_) => Ok(Some(vec![])),
+                BuildNow::Split(_) => Ok(Some(ChunkJoined::Output(vec![]))),
             }
         };
         let (joined, sent) = futures::join!(next, output.send_all(std::mem::take(&mut previous)));
@@ -719,21 +721,38 @@ async fn join_chunks<B: JoinBackend>(
             return Ok(false);
         }
         match joined? {
-            Some(joined) => previous = joined,
+            Some(ChunkJoined::Output(joined)) => previous = joined,
+            Some(ChunkJoined::InPieces { rows, error, build }) => {
+                if !join_in_pieces(partition, &backend, &build, rows, error, output).await? {
+                    return Ok(false);
+                }
+            }
             None => return Ok(true),
         }
     }
 }
 
-/// The output of one chunk: joined on the device, retried alone and then in
-/// halves when device memory runs out, and as a last resort joined by
-/// DataFusion's operator.
+/// What joining a probe chunk gave.
+enum ChunkJoined<B: JoinBackend> {
+    Output(Vec<RecordBatch>),
+    /// Device memory ran out, or the chunk matched more pairs than one
+    /// match call makes ([`MAX_CANDIDATES`]): its rows are to be joined
+    /// again in pieces.
+    InPieces {
+        rows: HostRows,
+        error: DataFusionError,
+        build: Arc<BuildSide<B>>,
+    },
+}
+
+/// The output of one chunk, joined on the device; or its rows, where it
+/// must be joined in pieces (see [`join_in_pieces`]).
 async fn join_chunk<B: JoinBackend>(
     partition: &Partition<'_, B>,
     backend: &B,
     build: &Arc<BuildSide<B>>,
     chunk: Chunk<B>,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<ChunkJoined<B>> {
     let join = partition.join;
     let chunk = match chunk {
         // Loaded by the plan of a preparation since redone (alone on the
@@ -746,31 +765,44 @@ async fn join_chunk<B: JoinBackend>(
         }
         chunk => chunk,
     };
-    let (chunk, error) = match chunk {
+    let (rows, error) = match chunk {
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
-            let permit = partition.admitted().await?;
+            let _permit = partition.admitted().await?;
             match join_loaded(partition, backend, build, loaded, Settle::ProbeChunk).await {
                 Ok(joined) => {
                     let output_rows = joined.batches.iter().map(RecordBatch::num_rows).sum();
                     let passed_through = joined.probe_columns == ProbeOutput::PassedThrough;
                     join.probe_yield.record(chunk.rows(), output_rows, passed_through);
-                    return Ok(joined.batches);
+                    return Ok(ChunkJoined::Output(joined.batches));
                 }
-                Err(e) if is_out_of_memory(&e) => {
-                    drop(permit);
-                    (chunk, e)
-                }
+                Err(e) if is_out_of_memory(&e) => (chunk, e),
                 Err(e) => return Err(e),
             }
         }
         Chunk::NotLoaded(chunk, error) => (chunk, error),
     };
-    let batch = run_blocking("assembling a probe chunk to retry", move || chunk.whole_batch()).await?;
+    Ok(ChunkJoined::InPieces { rows, error, build: Arc::clone(build) })
+}
+
+/// Joins a chunk's rows alone on the device, then in halves, and below
+/// [`SMALLEST_RETRY_ROWS`] by DataFusion's operator. Each piece's output is
+/// sent before the next piece is joined, so that the output of a chunk of a
+/// many-to-many join, which may be far larger than memory, is never held
+/// whole. False when no more output is wanted.
+async fn join_in_pieces<B: JoinBackend>(
+    partition: &Partition<'_, B>,
+    backend: &B,
+    build: &Arc<BuildSide<B>>,
+    rows: HostRows,
+    error: DataFusionError,
+    output: &mut OutputSender<'_>,
+) -> Result<bool> {
+    let join = partition.join;
+    let batch = run_blocking("assembling a probe chunk to retry", move || rows.whole_batch()).await?;
     log::info!("gpu_join: retrying a probe chunk of {} rows alone on the device: {error}", batch.num_rows());
     let retries = &partition.inputs.metrics.out_of_memory_retries;
     retries.add(1);
-    let mut output = vec![];
     let mut pending = vec![batch];
     while let Some(piece) = pending.pop() {
         let permit = admitted(&partition.inputs.metrics, join.admission().exclusive()).await?;
@@ -778,7 +810,12 @@ async fn join_chunk<B: JoinBackend>(
         let error = match load_and_join(partition, backend, build, rows, ProbeColumns::Upload, Settle::ProbeChunk).await
         {
             Ok(batches) => {
-                output.extend(batches);
+                // The device is not held while the consumer takes the output.
+                drop(permit);
+                join.probe_yield.record(piece.num_rows(), batches.iter().map(RecordBatch::num_rows).sum(), false);
+                if !output.send_all(batches).await? {
+                    return Ok(false);
+                }
                 continue;
             }
             Err(e) if is_out_of_memory(&e) => e,
@@ -793,14 +830,17 @@ async fn join_chunk<B: JoinBackend>(
             let host_build =
                 run_blocking("assembling the build side for DataFusion's operator", move || whole.whole_batch())
                     .await?;
-            output.extend(join_chunk_on_cpu(&join.twin, &join.definition, &host_build, piece, context, error).await?);
+            let batches = join_chunk_on_cpu(&join.twin, &join.definition, &host_build, piece, context, error).await?;
+            if !output.send_all(batches).await? {
+                return Ok(false);
+            }
         } else {
             // Halves in probe order: the later half is joined last.
             pending.push(piece.slice(rows / 2, rows - rows / 2));
             pending.push(piece.slice(0, rows / 2));
         }
     }
-    Ok(output)
+    Ok(true)
 }
 
 /// Loads `rows` and joins them, under whatever admission the caller holds;
