@@ -1,0 +1,49 @@
+"""Plots the GPU session's time over DataFusion's, per query, from what the
+TPC-H job (`tpch --compare`) prints.
+
+    python3 scripts/plot_query_ratios.py CSV PNG TITLE [RUN ...]
+
+The CSV has a row per query (`query`, `gpu_session_ms`, `datafusion_ms`),
+and, where it holds several runs, a `run` column: each RUN named is one
+series. The plots in docs/:
+
+    python3 scripts/plot_query_ratios.py docs/data/tpch-parquet-h100-2026-11-24.csv docs/tpch-parquet-h100.png \
+        "TPC-H from Parquet on the H100 machine, a session's defaults, sessions taking turns" \
+        "G: SF 10, turns" "I: SF 30, turns, each first every other run"
+    python3 scripts/plot_query_ratios.py docs/data/tpcds-sf10-h100-2026-11-24.csv docs/tpcds-sf10-h100.png \
+        "TPC-DS SF 10 in memory on the H100 machine, a session's defaults, sessions taking turns"
+"""
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def main(source, target, title, *runs):
+    rows = list(csv.DictReader(open(source)))
+    series = [(run, [r for r in rows if r["run"] == run]) for run in runs] or [(None, rows)]
+    queries = sorted({int(r["query"]) for _, mine in series for r in mine})
+    figure, axes = plt.subplots(figsize=(13, 5))
+    width = 0.8 / len(series)
+    for i, (run, mine) in enumerate(series):
+        ratios = sorted((int(r["query"]), float(r["gpu_session_ms"]) / float(r["datafusion_ms"])) for r in mine)
+        axes.bar([q + (i - (len(series) - 1) / 2) * width for q, _ in ratios], [ratio for _, ratio in ratios],
+                 width, label=run)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks(queries)
+    axes.set_xticklabels([f"Q{q}" for q in queries])
+    axes.set_ylabel("GPU session / DataFusion (time)")
+    top = max(1.3, max(p.get_height() for p in axes.patches) + 0.05)
+    axes.set_ylim(0.6, top)
+    axes.set_title(title)
+    if runs:
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(target, dpi=110)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
