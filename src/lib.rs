@@ -21,6 +21,9 @@
 //! * [`algorithms`]: the partitioned hash and sort-merge joins, written once;
 //! * [`backend`]: the join primitives, on the CPU (the reference) or CUDA;
 //! * [`keys`]: join keys normalised to fixed-width integers.
+//!
+//! [`workloads`] runs TPC-H and TPC-DS through a session, for the jobs,
+//! tests and benchmarks that compare the GPU join with DataFusion.
 
 pub mod algorithms;
 mod arrays;
