@@ -34,7 +34,8 @@ def main(source, target, title, *runs):
                  width, label=run)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(queries)
-    axes.set_xticklabels([f"Q{q}" for q in queries])
+    many = len(queries) > 30
+    axes.set_xticklabels([f"Q{q}" for q in queries], rotation=90 if many else 0, fontsize=7 if many else None)
     axes.set_ylabel("GPU session / DataFusion (time)")
     top = max(1.3, max(p.get_height() for p in axes.patches) + 0.05)
     axes.set_ylim(0.6, top)
