@@ -6,10 +6,10 @@
 //! this test, and each must give DataFusion's rows with its joins on the
 //! GPU join.
 
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::SessionConfig;
 use datafusion_gpu_join::workloads::{comparable_rows, tpcds};
 
-use crate::common::{datafusion_context, gpu_context, physical_plan_text, run};
+use crate::common::{datafusion_context, gpu_context, gpu_joins, run};
 
 const SCALE_FACTOR: f64 = 0.01;
 
@@ -24,10 +24,12 @@ const QUERIES: [(&str, &[&str]); 7] = [
         &["Inner"],
     ),
     (
+        // DataFusion builds on the smaller returns: the left join runs as a
+        // right join with its sides swapped.
         "select count(*) sales, count(sr_ticket_number) returned, sum(sr_return_amt) amount
          from store_sales left join store_returns
            on ss_ticket_number = sr_ticket_number and ss_item_sk = sr_item_sk",
-        &["Left", "Right"],
+        &["Right"],
     ),
     (
         "select c_customer_id, c_last_name from customer c
@@ -76,18 +78,13 @@ async fn tpcds_joins_match_datafusion() {
         let actual = run(&gpu, sql).await;
         assert!(expected.iter().any(|b| b.num_rows() > 0), "query {number} returned no rows");
         assert_eq!(comparable_rows(&actual).unwrap(), comparable_rows(&expected).unwrap(), "query {number}");
-        let plan = gpu_join_lines(&gpu, sql).await;
+        let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let on_gpu: Vec<String> = gpu_joins(&plan).iter().map(|join| format!("{:?}", join.join_type())).collect();
         for join_type in *join_types {
             assert!(
-                plan.iter().any(|line| line.contains(join_type)),
-                "query {number}: no {join_type} join in {plan:?}"
+                on_gpu.iter().any(|t| t.contains(join_type)),
+                "query {number}: no {join_type} join among the GPU joins {on_gpu:?}"
             );
         }
     }
-}
-
-/// The GpuJoinExec lines of the physical plan of `sql`.
-async fn gpu_join_lines(ctx: &SessionContext, sql: &str) -> Vec<String> {
-    let plan = physical_plan_text(ctx, sql).await;
-    plan.lines().filter(|l| l.contains("GpuJoinExec")).map(str::to_string).collect()
 }
