@@ -84,6 +84,9 @@ pub struct GpuJoinExec {
     ordered: Option<OrderedOutput>,
     /// The dynamic filter planted in the probe side's scan, if any.
     probe_filter: Option<Arc<ProbeFilter>>,
+    /// The join is the hash join DataFusion planned, its mode and inputs
+    /// unchanged; see [`GpuJoinExec::reshaped`].
+    as_planned: bool,
 }
 
 fn probe_keys(twin: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
@@ -131,7 +134,21 @@ impl GpuJoinExec {
         let ordered = order.map(|order| order.output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
         let definition = Arc::new(Self::definition(&twin, options, key_order)?);
-        Self::assemble(twin, definition, backend, replaces, ordered, None)
+        let as_planned = replaces == ReplacedOperator::HashJoin;
+        Self::assemble(twin, definition, backend, replaces, ordered, None, as_planned)
+    }
+
+    /// Marks the join as run in another shape than DataFusion planned (its
+    /// mode changed, repartitions gone). Where DataFusion's operator joins
+    /// a build side for it, its output batches are then compacted before
+    /// they leave: they share the build side's string buffers, which in
+    /// DataFusion's plan a repartition above would have copied apart, and
+    /// a join above that collects them would hold each buffer once per
+    /// batch. A join as planned hands them on as they come, as DataFusion's
+    /// plan would.
+    pub(crate) fn reshaped(mut self) -> Self {
+        self.as_planned = false;
+        self
     }
 
     fn assemble(
@@ -141,6 +158,7 @@ impl GpuJoinExec {
         replaces: ReplacedOperator,
         ordered: Option<OrderedOutput>,
         dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+        as_planned: bool,
     ) -> Result<Self> {
         // A fresh one per plan node, as the runner: its build sides report anew.
         let probe_filter = dynamic_filter.map(|filter| ProbeFilter::new(filter, &twin).map(Arc::new)).transpose()?;
@@ -153,7 +171,7 @@ impl GpuJoinExec {
             Arc::clone(&chosen),
         );
         let metrics = ExecutionPlanMetricsSet::new();
-        Ok(Self { twin, definition, backend, replaces, runner, metrics, chosen, ordered, probe_filter })
+        Ok(Self { twin, definition, backend, replaces, runner, metrics, chosen, ordered, probe_filter, as_planned })
     }
 
     fn definition(twin: &HashJoinExec, options: &GpuJoinConfig, key_order: Option<KeyOrder>) -> Result<JoinDefinition> {
@@ -195,7 +213,7 @@ impl GpuJoinExec {
             key_order,
             ..self.definition.as_ref().clone()
         });
-        Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered, dynamic_filter)
+        Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered, dynamic_filter, self.as_planned)
     }
 
     fn dynamic_filter(&self) -> Option<Arc<DynamicFilterPhysicalExpr>> {
@@ -400,6 +418,7 @@ impl ExecutionPlan for GpuJoinExec {
             fetch: self.twin.fetch(),
             metrics: GpuJoinMetrics::new(&self.metrics, partition),
             probe_filter,
+            as_planned: self.as_planned,
         })
     }
 

@@ -41,6 +41,8 @@ pub(crate) struct PartitionInputs {
     pub metrics: GpuJoinMetrics,
     /// The dynamic filter of the probe side's scan, where one reads it.
     pub probe_filter: Option<Arc<ProbeFilter>>,
+    /// The join is the one DataFusion planned (`GpuJoinExec::reshaped`).
+    pub as_planned: bool,
 }
 
 pub(crate) trait JoinRunner: Send + Sync + fmt::Debug {

@@ -374,7 +374,10 @@ async fn join_partition<B: JoinBackend>(
 /// DataFusion's operator's output for the partition: handed over to the
 /// partition's consumer, which reads it as it would under DataFusion's
 /// plan; sent through the channel where the join has a `fetch` to count.
-/// The build side (and its memory reservation) lives as long as the stream.
+/// Its batches leave as they come where the join is the one DataFusion
+/// planned (cut to `batch_size`), and otherwise in compacted slices of
+/// `batch_size` (see `GpuJoinExec::reshaped`). The build side (and its memory reservation)
+/// lives as long as the stream.
 async fn hand_over<B: JoinBackend>(
     mut batches: SendableRecordBatchStream,
     collected: Arc<CollectedBuild<B>>,
@@ -390,13 +393,14 @@ async fn hand_over<B: JoinBackend>(
         return Ok(());
     }
     let baseline = inputs.metrics.baseline.clone();
-    let batch_size = inputs.context.session_config().batch_size().max(1);
     let schema = batches.schema();
-    // DataFusion's operator may emit more than `batch_size` rows at once
-    // (a left join's unmatched build rows).
+    let (batch_size, as_planned) = (inputs.context.session_config().batch_size().max(1), inputs.as_planned);
+    // DataFusion's operator may emit more than `batch_size` rows at once (a
+    // left join's unmatched build rows).
     let handed = batches.flat_map(move |batch| {
         let _build = &collected;
         let slices = match batch {
+            Ok(batch) if as_planned => shared_slices(&batch, batch_size, &baseline).collect(),
             Ok(batch) => output_slices(&batch, batch_size, usize::MAX, &baseline).collect(),
             Err(e) => vec![Err(e)],
         };
@@ -961,6 +965,23 @@ fn output_slices<'a>(
         let slice = match len == batch.num_rows() {
             true => compacted(batch)?,
             false => owned_slice(batch, offset, len)?,
+        };
+        Ok(slice.record_output(baseline))
+    })
+}
+
+/// `batch`'s rows in slices of at most `batch_size` rows over its buffers,
+/// each recorded as output: `batch` itself where it is no larger.
+fn shared_slices<'a>(
+    batch: &'a RecordBatch,
+    batch_size: usize,
+    baseline: &'a BaselineMetrics,
+) -> impl Iterator<Item = Result<RecordBatch>> + 'a {
+    let rows = batch.num_rows();
+    (0..rows).step_by(batch_size).map(move |offset| {
+        let slice = match rows <= batch_size {
+            true => batch.clone(),
+            false => batch.slice(offset, batch_size.min(rows - offset)),
         };
         Ok(slice.record_output(baseline))
     })

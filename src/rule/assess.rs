@@ -73,7 +73,10 @@ impl<'a> RuleContext<'a> {
             true => with_one_build_side(join)?,
             false => None,
         };
-        let exec = GpuJoinExec::try_new(reshaped.as_ref().unwrap_or(join), backend, self.options, replaces)?;
+        let exec = match reshaped {
+            Some(reshaped) => GpuJoinExec::try_new(&reshaped, backend, self.options, replaces)?.reshaped(),
+            None => GpuJoinExec::try_new(join, backend, self.options, replaces)?,
+        };
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
