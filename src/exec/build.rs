@@ -214,7 +214,15 @@ async fn collect_input(
                             batches.push(batch);
                             Ok((batches, merge_ranges(ranges, Some(piece))))
                         });
-                        async move { collected }
+                        // The input is often always ready (batches in memory,
+                        // a join below handing them on), and a task that never
+                        // yields keeps one woken on its worker from running: the
+                        // build input's other partitions, read by tasks like this
+                        // one, then ran one after another (TPC-DS Q20).
+                        async move {
+                            tokio::task::yield_now().await;
+                            collected
+                        }
                     })
                     .await
             }))
