@@ -256,9 +256,7 @@ async fn main() -> Result<()> {
     let source = match (&args.parquet, &args.tpcds) {
         (_, Some(_)) => {
             tpcds::register_tables(&gpu, args.scale_factor, args.partitions)?;
-            if args.compare {
-                tpcds::register_tables(&cpu, args.scale_factor, args.partitions)?;
-            }
+            workloads::share_tables(&gpu, &cpu).await?;
             "in memory".to_string()
         }
         (Some(dir), None) => {
@@ -269,9 +267,7 @@ async fn main() -> Result<()> {
         }
         (None, None) => {
             tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
-            if args.compare {
-                tpch::register_tables(&cpu, args.scale_factor, args.partitions)?;
-            }
+            workloads::share_tables(&gpu, &cpu).await?;
             "in memory".to_string()
         }
     };

@@ -26,6 +26,24 @@ fn register_parts(ctx: &SessionContext, table: &str, parts: Vec<(SchemaRef, Vec<
     Ok(())
 }
 
+/// Registers every table of `from`'s default schema in `to`, as the same
+/// providers: two sessions compared then read one copy of the data, from
+/// the same memory, rather than copies generated apart.
+pub async fn share_tables(from: &SessionContext, to: &SessionContext) -> Result<()> {
+    let state = from.state();
+    let defaults = &state.config().options().catalog;
+    let schema = from
+        .catalog(&defaults.default_catalog)
+        .and_then(|catalog| catalog.schema(&defaults.default_schema))
+        .ok_or_else(|| exec_datafusion_err!("no default schema {}", defaults.default_schema))?;
+    for name in schema.table_names() {
+        if let Some(table) = schema.table(&name).await? {
+            to.register_table(name.as_str(), table)?;
+        }
+    }
+    Ok(())
+}
+
 /// Whether a statement returns rows (a `SELECT`, or one led by `WITH`).
 pub fn is_query(statement: &str) -> bool {
     let lower = statement.trim_start().to_ascii_lowercase();
