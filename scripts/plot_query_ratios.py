@@ -12,6 +12,8 @@ series. The plots in docs/:
         "G: SF 10, turns" "I: SF 30, turns, each first every other run"
     python3 scripts/plot_query_ratios.py docs/data/tpcds-sf10-h100-2026-11-24.csv docs/tpcds-sf10-h100.png \
         "TPC-DS SF 10 in memory on the H100 machine, a session's defaults, sessions taking turns"
+    python3 scripts/plot_query_ratios.py docs/data/tpcds-sf10-h100-2026-11-25.csv docs/tpcds-sf10-h100-2026-11-25.png \
+        "TPC-DS SF 10 in memory on the H100 machine, a session's defaults, sessions taking turns, code 8e63243"
 """
 import csv
 import sys
