@@ -376,8 +376,8 @@ async fn join_partition<B: JoinBackend>(
 /// plan; sent through the channel where the join has a `fetch` to count.
 /// Its batches leave as they come where the join is the one DataFusion
 /// planned (cut to `batch_size`), and otherwise in compacted slices of
-/// `batch_size` (see `GpuJoinExec::reshaped`). The build side (and its memory reservation)
-/// lives as long as the stream.
+/// `batch_size` (see `GpuJoinExec::reshaped`). The build side (and its
+/// memory reservation) lives as long as the stream.
 async fn hand_over<B: JoinBackend>(
     mut batches: SendableRecordBatchStream,
     collected: Arc<CollectedBuild<B>>,
