@@ -185,8 +185,7 @@ async fn joins_left_on_datafusion_say_why() {
 #[tokio::test]
 async fn explain_analyze_shows_rows_bytes_phases_and_memory() {
     let ctx = context_with_tables(SessionConfig::new()).await;
-    let batches = run(&ctx, "EXPLAIN ANALYZE SELECT l.s, r.t FROM l JOIN r ON l.k = r.k").await;
-    let text = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let text = explain_analyze(&ctx, "SELECT l.s, r.t FROM l JOIN r ON l.k = r.k").await;
     let line = text.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{text}"));
     for metric in [
         "output_rows=3",
@@ -216,8 +215,7 @@ async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
     let ctx = context_with_tables(SessionConfig::new()).await;
     let sql = "SELECT l.s, r.t FROM l JOIN r ON l.k = r.k";
     let planned = physical_plan_text(&ctx, sql).await;
-    let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-    let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let analyzed = explain_analyze(&ctx, sql).await;
     let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
     match test_options().backend {
         BackendChoice::Cuda => {
@@ -277,8 +275,7 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
         run(&ctx, &format!("SET gpu_join.min_rows = {estimated}")).await;
         let planned = physical_plan_text(&ctx, &sql).await;
         assert!(planned.contains(&format!("mode={mode}")), "the plan passes min_rows, in {mode} mode: {planned}");
-        let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-        let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+        let analyzed = explain_analyze(&ctx, &sql).await;
         let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
         assert!(line.contains("algorithm=DataFusion"), "{line}");
         let reason = match mode {
@@ -297,8 +294,7 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
         // some judge it smaller than it is: there, only 0 keeps it whole.
         let observed = if mode == "CollectLeft" { 40 + 2000 } else { 0 };
         run(&ctx, &format!("SET gpu_join.min_rows = {observed}")).await;
-        let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-        let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+        let analyzed = explain_analyze(&ctx, &sql).await;
         let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
         assert!(!line.contains("DataFusion"), "{line}");
         assert_eq!(sorted_rows(&run(&ctx, &sql).await), expected, "{join} in {mode} mode");
@@ -331,8 +327,7 @@ async fn a_small_build_side_is_left_to_datafusion() {
         // 40 build rows in all; each of the 4 partitions has fewer.
         for (min_build_rows, on_datafusion) in [(41, true), (40, mode == "Partitioned"), (0, false)] {
             run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
-            let batches = run(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-            let analyzed = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+            let analyzed = explain_analyze(&ctx, sql).await;
             let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
             assert!(line.contains(&format!("mode={mode}")), "{line}");
             let reason = format!("build rows as collected, below gpu_join.min_build_rows = {min_build_rows}");
