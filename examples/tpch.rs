@@ -38,12 +38,14 @@
 //! datafusion.optimizer.enable_join_dynamic_filter_pushdown=false`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::config::ExtensionOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::collect;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::workloads::{self, is_query, tpcds, tpch};
@@ -140,6 +142,24 @@ impl Args {
     async fn run(&self, ctx: &SessionContext, query: usize) -> Result<Vec<RecordBatch>> {
         workloads::run_statements(ctx, &self.statements(query)?).await
     }
+
+    /// The query's rows, and the part of its time spent planning (SQL to
+    /// the physical plan, the GPU join's rule included).
+    async fn run_timing_planning(&self, ctx: &SessionContext, query: usize) -> Result<(Vec<RecordBatch>, Duration)> {
+        let (mut rows, mut planning) = (vec![], Duration::ZERO);
+        for statement in self.statements(query)? {
+            let start = Instant::now();
+            let frame = ctx.sql(&statement).await?;
+            let task = Arc::new(frame.task_ctx());
+            let plan = frame.create_physical_plan().await?;
+            planning += start.elapsed();
+            let batches = collect(plan, task).await?;
+            if is_query(&statement) {
+                rows.extend(batches);
+            }
+        }
+        Ok((rows, planning))
+    }
 }
 
 fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
@@ -160,35 +180,49 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
     Ok(SessionContext::new_with_state(state))
 }
 
-/// Each session's median time of `iterations` runs after one warm-up run,
-/// and its last result. The sessions take turns run by run, each going
-/// first every other time, so that neither gains from running after the
-/// other (warmer caches, files, allocator).
-async fn timed(sessions: &[&SessionContext], query: usize, args: &Args) -> Result<Vec<(Duration, Vec<RecordBatch>)>> {
+/// A session's median time of its timed runs, the median of their
+/// planning, and its last result.
+struct Timing {
+    time: Duration,
+    planning: Duration,
+    rows: Vec<RecordBatch>,
+}
+
+/// Each session's timing of `iterations` runs after one warm-up run. The
+/// sessions take turns run by run, each going first every other time, so
+/// that neither gains from running after the other (warmer caches, files,
+/// allocator).
+async fn timed(sessions: &[&SessionContext], query: usize, args: &Args) -> Result<Vec<Timing>> {
     let mut results = vec![];
     for ctx in sessions {
         results.push(args.run(ctx, query).await?);
     }
     let mut times = vec![vec![]; sessions.len()];
+    let mut plannings = vec![vec![]; sessions.len()];
     for iteration in 0..args.iterations {
-        let mut turns: Vec<_> = sessions.iter().zip(&mut results).zip(&mut times).collect();
+        let mut turns: Vec<_> = sessions.iter().zip(&mut results).zip(times.iter_mut().zip(&mut plannings)).collect();
         if iteration % 2 == 1 {
             turns.reverse();
         }
-        for ((ctx, result), times) in turns {
+        for ((ctx, result), (times, plannings)) in turns {
             let start = Instant::now();
-            *result = args.run(ctx, query).await?;
+            let (rows, planning) = args.run_timing_planning(ctx, query).await?;
             times.push(start.elapsed());
+            plannings.push(planning);
+            *result = rows;
         }
     }
     Ok(times
         .into_iter()
+        .zip(plannings)
         .zip(results)
-        .map(|(mut times, result)| {
-            times.sort();
-            (times.get(times.len() / 2).copied().unwrap_or_default(), result)
-        })
+        .map(|((times, plannings), rows)| Timing { time: median(times), planning: median(plannings), rows })
         .collect())
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
 async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<String> {
@@ -296,12 +330,18 @@ async fn main() -> Result<()> {
                 continue;
             }
         };
-        let (time, batches) = timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
+        let Timing { time, planning, rows: batches } =
+            timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
-        if let Some((cpu_time, cpu_batches)) = timings.next() {
-            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&cpu_batches)?;
-            line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu_time.as_secs_f64() * 1e3));
+        if let Some(cpu) = timings.next() {
+            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&cpu.rows)?;
+            line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu.time.as_secs_f64() * 1e3));
+            line.push_str(&format!(
+                " | planning {:.1} ms against {:.1}",
+                planning.as_secs_f64() * 1e3,
+                cpu.planning.as_secs_f64() * 1e3
+            ));
             if !same {
                 failures.push(format!("Q{query}: rows differ from DataFusion's"));
             }

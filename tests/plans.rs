@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray, StringViewArray};
@@ -12,19 +12,26 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::JoinType;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::MemTable;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
-use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream, collect};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, Statistics, collect,
+    displayable,
+};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::algorithms::choice::plan_statistics;
+use datafusion_gpu_join::algorithms::choice::PlanStatistics;
 use datafusion_gpu_join::backend::cuda_backend;
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::exec::ReplacedOperator;
@@ -154,6 +161,86 @@ async fn right_mark_join_runs_like_hash_join() {
     assert_eq!(sorted_rows(&actual), ["1|v3|true", "2|v0|true", "3|v1|false", "7|v4|false", "NULL|v2|false"]);
 }
 
+/// A plan node that computes its input's statistics and counts how often.
+#[derive(Debug)]
+struct CountedStatistics {
+    input: Arc<dyn ExecutionPlan>,
+    computed: Arc<AtomicUsize>,
+}
+
+impl DisplayAs for CountedStatistics {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "CountedStatistics")
+    }
+}
+
+impl ExecutionPlan for CountedStatistics {
+    fn name(&self) -> &str {
+        "CountedStatistics"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::error::Result<TreeNodeRecursion>,
+    ) -> datafusion::error::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        self.input.execute(partition, context)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> datafusion::error::Result<Arc<Statistics>> {
+        self.computed.fetch_add(1, Ordering::SeqCst);
+        StatisticsContext::new().compute(self.input.as_ref(), args)
+    }
+}
+
+/// Each join the rule weighs asks for both its inputs' statistics, and the
+/// probe input of every join of a star holds the fact table: the rule
+/// computes each node's statistics once for the whole plan, not once per
+/// join above it (an in-memory table's are a pass over all its arrays).
+#[test]
+fn the_rule_computes_each_inputs_statistics_once() {
+    let table = |keys: Vec<Option<i64>>| {
+        MemorySourceConfig::try_new_exec(&[vec![numbered_batch(keys)]], numbered_schema(), None).unwrap()
+    };
+    let computed = Arc::new(AtomicUsize::new(0));
+    let fact = CountedStatistics { input: table((0..50).map(Some).collect()), computed: Arc::clone(&computed) };
+    let mut plan: Arc<dyn ExecutionPlan> = Arc::new(fact);
+    for dimension in 0..4 {
+        let build = table((dimension..dimension + 10).map(Some).collect());
+        plan = Arc::new(collect_left_join_on_k(build, plan, JoinType::Inner));
+    }
+    let config = SessionConfig::new().with_option_extension(test_options());
+    let planned = GpuJoinRule.optimize(plan, config.options()).unwrap();
+    assert_eq!(gpu_joins(&planned).len(), 4, "{}", displayable(planned.as_ref()).indent(true));
+    assert_eq!(computed.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn joins_left_on_datafusion_say_why() {
     let ctx = context_with_tables(SessionConfig::new()).await;
@@ -268,7 +355,8 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
         );
         let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
         let gpu_join = gpu_joins(&plan).pop().expect("a GPU join");
-        let rows = |plan| plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).expect("estimated rows");
+        let statistics = PlanStatistics::default();
+        let rows = |plan| statistics.of(plan).and_then(|s| s.num_rows.get_value().copied()).expect("estimated rows");
         let estimated = rows(gpu_join.left()) + rows(gpu_join.right());
         assert!(40 + 2000 < estimated, "the statistics must overestimate the build side for this test: {estimated}");
 

@@ -44,7 +44,7 @@ use datafusion::physical_plan::{
     Statistics, apply_expression_roots,
 };
 
-use crate::algorithms::choice::{self, planned_sizes};
+use crate::algorithms::choice::{self, PlanStatistics, PlannedSizes, planned_sizes};
 use crate::algorithms::{JoinDefinition, KeyOrder};
 use crate::backend::BackendHandle;
 use crate::config::GpuJoinConfig;
@@ -115,17 +115,19 @@ impl GpuJoinExec {
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
     ) -> Result<Self> {
-        Self::try_new_ordered(join, backend, options, replaces, None)
+        Self::try_new_ordered(join, backend, options, replaces, None, &PlanStatistics::default())
     }
 
     /// A GPU join computing what `join` computes, in the order of the
-    /// sort-merge join it replaces when `order` is given.
+    /// sort-merge join it replaces when `order` is given; its inputs' sizes
+    /// read from `statistics`.
     pub(crate) fn try_new_ordered(
         join: &HashJoinExec,
         backend: BackendHandle,
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
         order: Option<SortMergeOrder>,
+        statistics: &PlanStatistics,
     ) -> Result<Self> {
         if *join.partition_mode() == PartitionMode::Auto {
             return internal_err!("GpuJoinExec needs a join whose partition mode is decided");
@@ -133,7 +135,8 @@ impl GpuJoinExec {
         let twin = Arc::new(join.builder().reset_state().build()?);
         let ordered = order.map(|order| order.output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
-        let definition = Arc::new(Self::definition(&twin, options, key_order)?);
+        let planned = planned_sizes(statistics, twin.right(), &probe_keys(&twin), build_sides(&twin));
+        let definition = Arc::new(Self::definition(&twin, options, key_order, planned)?);
         let as_planned = replaces == ReplacedOperator::HashJoin;
         Self::assemble(twin, definition, backend, replaces, ordered, None, as_planned)
     }
@@ -174,7 +177,12 @@ impl GpuJoinExec {
         Ok(Self { twin, definition, backend, replaces, runner, metrics, chosen, ordered, probe_filter, as_planned })
     }
 
-    fn definition(twin: &HashJoinExec, options: &GpuJoinConfig, key_order: Option<KeyOrder>) -> Result<JoinDefinition> {
+    fn definition(
+        twin: &HashJoinExec,
+        options: &GpuJoinConfig,
+        key_order: Option<KeyOrder>,
+        planned: PlannedSizes,
+    ) -> Result<JoinDefinition> {
         let (_, column_indices) = build_join_schema(&twin.left().schema(), &twin.right().schema(), twin.join_type());
         let column_indices = match &twin.projection {
             Some(projection) => projection.iter().map(|&i| column_indices[i].clone()).collect(),
@@ -194,7 +202,7 @@ impl GpuJoinExec {
             algorithm: options.algorithm,
             materialization: options.materialization,
             probe_device_gather_ratio: options.probe_device_gather_ratio,
-            planned: planned_sizes(twin.right(), &probe_keys(twin), build_sides(twin)),
+            planned,
             key_order,
         })
     }
@@ -206,10 +214,15 @@ impl GpuJoinExec {
     ) -> Result<Self> {
         let ordered = self.ordered.as_ref().map(|o| o.order.clone().output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
+        // The sizes as the rule planned them: DataFusion's later passes
+        // rebuild the join over inputs of the same rows (filters planted,
+        // projections moved), and its statistics, asked again, would walk
+        // the whole probe side each time.
+        let planned = PlannedSizes { build_sides: build_sides(&twin), ..self.definition.planned };
         let definition = Arc::new(JoinDefinition {
             output_schema: twin.schema(),
             probe_order_required: probe_order_required(&twin, key_order.as_ref()),
-            planned: planned_sizes(twin.right(), &probe_keys(&twin), build_sides(&twin)),
+            planned,
             key_order,
             ..self.definition.as_ref().clone()
         });

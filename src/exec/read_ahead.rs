@@ -33,8 +33,6 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 
-use super::staging::held_bytes;
-
 /// What `waiting` gives, and the probe input with the rows read while it
 /// ran first. Reading stops at `limit_rows` rows, once `worth_it` says no,
 /// at the first error (which is handed on in its place), or when
@@ -59,8 +57,12 @@ pub(super) async fn read_ahead_while<T>(
                 Some(Ok(batch)) => {
                     rows += batch.num_rows();
                     // A batch the pool refuses is already read: it is kept
-                    // unaccounted, and reading stops.
-                    reading = reservation.try_grow(held_bytes(&batch)).is_ok() && rows < limit_rows;
+                    // unaccounted, and reading stops. Counted whole, as the
+                    // build side's collection and DataFusion's own buffers
+                    // count one: a scan's batches are rarely slices, and
+                    // counting a slice's own rows costs a copy of each
+                    // column's description.
+                    reading = reservation.try_grow(batch.get_array_memory_size()).is_ok() && rows < limit_rows;
                     ahead.push(Ok(batch));
                 }
                 Some(Err(e)) => {
@@ -73,7 +75,7 @@ pub(super) async fn read_ahead_while<T>(
     };
     let ahead = stream::iter(ahead).map(move |batch| {
         if let Ok(batch) = &batch {
-            reservation.shrink(held_bytes(batch).min(reservation.size()));
+            reservation.shrink(batch.get_array_memory_size().min(reservation.size()));
         }
         batch
     });
@@ -225,7 +227,7 @@ mod tests {
         let (rest, held, read) = read_while_waiting(probe, 35, usize::MAX, &pool).await;
         // Reading stops at the batch that reaches the limit.
         assert_eq!(read, 4);
-        assert_eq!(held, 4 * held_bytes(&batch(0, 10)));
+        assert_eq!(held, 4 * batch(0, 10).get_array_memory_size());
         let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
         assert_eq!(keys(&batches), (0..100).collect::<Vec<_>>());
         assert_eq!(pool.reserved(), 0);
@@ -235,7 +237,7 @@ mod tests {
     async fn reading_ahead_stops_once_it_is_no_longer_worth_it() {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
         let (rest, held, read) = read_while_waiting(probe, usize::MAX, 2, &pool).await;
-        assert_eq!((read, held), (2, 2 * held_bytes(&batch(0, 10))));
+        assert_eq!((read, held), (2, 2 * batch(0, 10).get_array_memory_size()));
         let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
         assert_eq!(keys(&batches), (0..100).collect::<Vec<_>>());
         assert_eq!(pool.reserved(), 0);
@@ -243,7 +245,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reading_ahead_stops_where_the_pool_refuses() {
-        let one_batch = held_bytes(&batch(0, 10));
+        let one_batch = batch(0, 10).get_array_memory_size();
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(one_batch * 2));
         let (rest, held, read) = read_while_waiting(probe, usize::MAX, usize::MAX, &pool).await;
         // The third batch is read but refused: kept, unaccounted.

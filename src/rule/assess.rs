@@ -13,7 +13,7 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use super::NotOnGpu;
 use super::shape::with_one_build_side;
 use super::walk::Relied;
-use crate::algorithms::choice::plan_statistics;
+use crate::algorithms::choice::PlanStatistics;
 use crate::backend::{BackendHandle, cuda_backend};
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExec, ReplacedOperator, SortMergeOrder};
@@ -24,15 +24,17 @@ pub(super) enum Assessment {
     Keep(NotOnGpu),
 }
 
-/// The session's options and, once a join asks, the backend to use.
+/// The session's options, once a join asks, the backend to use, and the
+/// statistics of the plan's nodes, each computed once for the whole walk.
 pub(super) struct RuleContext<'a> {
     options: &'a GpuJoinConfig,
     backend: Option<std::result::Result<BackendHandle, NotOnGpu>>,
+    statistics: PlanStatistics,
 }
 
 impl<'a> RuleContext<'a> {
     pub fn new(options: &'a GpuJoinConfig) -> Self {
-        Self { options, backend: None }
+        Self { options, backend: None, statistics: PlanStatistics::default() }
     }
 
     /// `None` for nodes that are not joins this rule handles.
@@ -73,9 +75,11 @@ impl<'a> RuleContext<'a> {
             true => with_one_build_side(join)?,
             false => None,
         };
+        let gpu_join =
+            |join| GpuJoinExec::try_new_ordered(join, backend, self.options, replaces, None, &self.statistics);
         let exec = match reshaped {
-            Some(reshaped) => GpuJoinExec::try_new(&reshaped, backend, self.options, replaces)?.reshaped(),
-            None => GpuJoinExec::try_new(join, backend, self.options, replaces)?,
+            Some(reshaped) => gpu_join(&reshaped)?.reshaped(),
+            None => gpu_join(join)?,
         };
         Ok(Assessment::Replace(Arc::new(exec)))
     }
@@ -119,8 +123,14 @@ impl<'a> RuleContext<'a> {
             false => twin,
         };
         let order = SortMergeOrder::new(join, swapped, (left_sort_removed, right_sort_removed));
-        let exec =
-            GpuJoinExec::try_new_ordered(&twin, backend, self.options, ReplacedOperator::SortMergeJoin, Some(order))?;
+        let exec = GpuJoinExec::try_new_ordered(
+            &twin,
+            backend,
+            self.options,
+            ReplacedOperator::SortMergeJoin,
+            Some(order),
+            &self.statistics,
+        )?;
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
@@ -148,7 +158,7 @@ impl<'a> RuleContext<'a> {
                 return Ok(Err(NotOnGpu::UnsupportedKeyType(build)));
             }
         }
-        if let (Some(l), Some(r)) = (estimated_rows(left), estimated_rows(right)) {
+        if let (Some(l), Some(r)) = (self.estimated_rows(left), self.estimated_rows(right)) {
             let rows = l.saturating_add(r);
             if rows < self.options.min_rows {
                 return Ok(Err(NotOnGpu::BelowMinRows { rows, min_rows: self.options.min_rows }));
@@ -179,14 +189,14 @@ impl<'a> RuleContext<'a> {
         }
         Ok(self.backend.clone().unwrap_or(Err(NotOnGpu::Disabled)))
     }
+
+    fn estimated_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+        self.statistics.of(plan)?.num_rows.get_value().copied()
+    }
 }
 
 fn key_type(key: &PhysicalExprRef, schema: &arrow::datatypes::Schema) -> Result<arrow::datatypes::DataType> {
     key.data_type(schema)
-}
-
-fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    plan_statistics(plan)?.num_rows.get_value().copied()
 }
 
 /// The first key type whose values cannot be sorted into SQL order on the

@@ -16,7 +16,7 @@ mod shape;
 
 pub use cost::{Estimate, estimate};
 pub(crate) use observe::observe_shape;
-pub use observe::{PlannedSizes, plan_statistics, planned_sizes};
+pub use observe::{PlanStatistics, PlannedSizes, planned_sizes};
 pub use profile::{CostProfile, DeviceProfile, PROFILE_ROWS, device_profile, measure};
 pub use shape::{JoinShape, KeyEstimates, KeySample, SampleRows, estimate_keys, sample_rows};
 

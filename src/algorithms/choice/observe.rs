@@ -1,6 +1,7 @@
 //! The shape of a join, observed where it is chosen: the collected build
 //! side, the session's plan (widths, statistics) and the backend.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Int64Array, UInt32Array};
@@ -47,11 +48,12 @@ impl PlannedSizes {
 /// The sizes of a join over `probe` with `build_sides` build sides, from
 /// the probe side's statistics.
 pub fn planned_sizes(
+    statistics: &PlanStatistics,
     probe: &Arc<dyn ExecutionPlan>,
     probe_keys: &[PhysicalExprRef],
     build_sides: usize,
 ) -> PlannedSizes {
-    let probe_statistics = plan_statistics(probe);
+    let probe_statistics = statistics.of(probe);
     let probe_rows = probe_statistics.as_ref().and_then(|s| s.num_rows.get_value().copied());
     let probe_key_range = match probe_keys {
         [key] => key.downcast_ref::<Column>().and_then(|column| {
@@ -63,9 +65,28 @@ pub fn planned_sizes(
     PlannedSizes { probe_rows, probe_key_range, build_sides }
 }
 
-/// DataFusion's statistics of a whole plan (every partition).
-pub fn plan_statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
-    StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()
+/// DataFusion's statistics of whole plans (every partition), each node's
+/// computed once however many of the plans asked about hold it.
+///
+/// Each join the rule weighs asks about both its inputs, and every input
+/// above a table holds that table: computed afresh for each, an in-memory
+/// table's statistics (a pass over every array of every batch) would be
+/// computed again for every join above it.
+#[derive(Default)]
+pub struct PlanStatistics {
+    context: StatisticsContext,
+    /// The plans asked about, kept alive while their statistics are: the
+    /// context knows nodes by address, which a dropped node would free for
+    /// another.
+    asked: RefCell<Vec<Arc<dyn ExecutionPlan>>>,
+}
+
+impl PlanStatistics {
+    /// `plan`'s statistics; `None` where DataFusion cannot give them.
+    pub fn of(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
+        self.asked.borrow_mut().push(Arc::clone(plan));
+        self.context.compute(plan.as_ref(), &StatisticsArgs::new()).ok()
+    }
 }
 
 fn as_i64(value: &ScalarValue) -> Option<i64> {
