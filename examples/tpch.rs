@@ -29,7 +29,8 @@
 //! factor 1 and the small build sides of larger ones on DataFusion). `--validate` checks every result
 //! against the official answers (scale factor 1 only); `--compare` also
 //! runs each query on DataFusion alone, the two sessions taking turns run
-//! by run (each first every other time), and checks that the rows are the same; `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
+//! by run (each first every other time), checks that the rows are the same and
+//! prints each session's median planning time (SQL to the physical plan); `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
 //! strategy, the reason, and its metrics); `--plans` prints the whole
 //! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
