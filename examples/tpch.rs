@@ -39,14 +39,12 @@
 //! datafusion.optimizer.enable_join_dynamic_filter_pushdown=false`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::config::ExtensionOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
-use datafusion::physical_plan::collect;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::workloads::{self, is_query, tpcds, tpch};
@@ -144,22 +142,9 @@ impl Args {
         workloads::run_statements(ctx, &self.statements(query)?).await
     }
 
-    /// The query's rows, and the part of its time spent planning (SQL to
-    /// the physical plan, the GPU join's rule included).
+    /// The query's rows, and the part of its time spent planning.
     async fn run_timing_planning(&self, ctx: &SessionContext, query: usize) -> Result<(Vec<RecordBatch>, Duration)> {
-        let (mut rows, mut planning) = (vec![], Duration::ZERO);
-        for statement in self.statements(query)? {
-            let start = Instant::now();
-            let frame = ctx.sql(&statement).await?;
-            let task = Arc::new(frame.task_ctx());
-            let plan = frame.create_physical_plan().await?;
-            planning += start.elapsed();
-            let batches = collect(plan, task).await?;
-            if is_query(&statement) {
-                rows.extend(batches);
-            }
-        }
-        Ok((rows, planning))
+        workloads::run_statements_timed(ctx, &self.statements(query)?).await
     }
 }
 

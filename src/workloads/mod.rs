@@ -6,6 +6,7 @@ pub mod tpcds;
 pub mod tpch;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
@@ -14,6 +15,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::MemTable;
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
+use datafusion::physical_plan::collect;
 use datafusion::prelude::SessionContext;
 
 /// Registers a table generated in parts as an in-memory table with one
@@ -53,14 +55,25 @@ pub fn is_query(statement: &str) -> bool {
 /// Runs `statements` in order and returns the rows of every query among
 /// them, one after another.
 pub async fn run_statements(ctx: &SessionContext, statements: &[String]) -> Result<Vec<RecordBatch>> {
-    let mut rows = vec![];
+    Ok(run_statements_timed(ctx, statements).await?.0)
+}
+
+/// As [`run_statements`], with the part of their time spent planning (SQL
+/// to the physical plan, the session's optimizer rules included).
+pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<(Vec<RecordBatch>, Duration)> {
+    let (mut rows, mut planning) = (vec![], Duration::ZERO);
     for statement in statements {
-        let batches = ctx.sql(statement).await?.collect().await?;
+        let start = Instant::now();
+        let frame = ctx.sql(statement).await?;
+        let task = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await?;
+        planning += start.elapsed();
+        let batches = collect(plan, task).await?;
         if is_query(statement) {
             rows.extend(batches);
         }
     }
-    Ok(rows)
+    Ok((rows, planning))
 }
 
 /// Result rows as text cells, in order.
