@@ -10,15 +10,16 @@
 //!     [--set NAME=VALUE ...]
 //! ```
 //!
-//! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated in
-//! memory, and the queries of the `queryN.sql` files in `QUERY_DIR`, which
-//! TPC's query generator writes (docs/benchmarks.md shows how). A query
+//! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated (in
+//! memory, or as Parquet files with `--parquet`), and the queries of the
+//! `queryN.sql` files in `QUERY_DIR`, which TPC's query generator writes
+//! (docs/benchmarks.md shows how). A query
 //! that fails in the GPU session is a failed check, unless DataFusion alone
 //! (with `--compare`) fails on it too: then it is reported and skipped.
 //!
 //! `--parquet DIR` writes the tables as Parquet files under `DIR` (one file
-//! per partition, kept for the next run of the same scale factor and
-//! partitions) and reads them from there, as listing tables, instead of
+//! per partition, kept for the next run of the same workload, scale factor
+//! and partitions) and reads them from there, as listing tables, instead of
 //! holding them in memory.
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
@@ -267,26 +268,28 @@ async fn main() -> Result<()> {
             "--validate needs TPC-H at --sf 1: the official answers are for scale factor 1".into(),
         ));
     }
-    if args.parquet.is_some() && args.tpcds.is_some() {
-        return Err(DataFusionError::Configuration("--parquet is for TPC-H; TPC-DS is held in memory".into()));
-    }
     let start = Instant::now();
     let gpu = session(&args, true)?;
     let cpu = session(&args, false)?;
-    let source = match (&args.parquet, &args.tpcds) {
-        (_, Some(_)) => {
-            tpcds::register_tables(&gpu, args.scale_factor, args.partitions)?;
-            workloads::share_tables(&gpu, &cpu).await?;
-            "in memory".to_string()
-        }
-        (Some(dir), None) => {
-            let folder = tpch::write_parquet(dir, args.scale_factor, args.partitions)?;
-            tpch::register_parquet(&gpu, &folder).await?;
-            tpch::register_parquet(&cpu, &folder).await?;
+    let source = match &args.parquet {
+        Some(dir) => {
+            let folder = match &args.tpcds {
+                Some(_) => tpcds::write_parquet(dir, args.scale_factor, args.partitions)?,
+                None => tpch::write_parquet(dir, args.scale_factor, args.partitions)?,
+            };
+            for ctx in [&gpu, &cpu] {
+                match &args.tpcds {
+                    Some(_) => tpcds::register_parquet(ctx, &folder).await?,
+                    None => tpch::register_parquet(ctx, &folder).await?,
+                }
+            }
             format!("as Parquet files in {}", folder.display())
         }
-        (None, None) => {
-            tpch::register_tables(&gpu, args.scale_factor, args.partitions)?;
+        None => {
+            match &args.tpcds {
+                Some(_) => tpcds::register_tables(&gpu, args.scale_factor, args.partitions)?,
+                None => tpch::register_tables(&gpu, args.scale_factor, args.partitions)?,
+            }
             workloads::share_tables(&gpu, &cpu).await?;
             "in memory".to_string()
         }

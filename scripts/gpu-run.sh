@@ -18,12 +18,16 @@
 #   tpch-10           TPC-H SF 10 in memory against DataFusion, the session's defaults
 #   tpcds             TPC-DS SF 1 against DataFusion, every join the GPU join takes on it
 #   tpcds-10          TPC-DS SF 10 against DataFusion, the session's defaults
+#   tpcds-parquet     TPC-DS SF 1 from Parquet files, every join the GPU join takes on it
+#   tpcds-parquet-10  TPC-DS SF 10 from Parquet files, the session's defaults
 # The TPC-DS steps read the query files packed with the TPC-H job
 # (GPU_BUNDLE_TPCDS_QUERIES in gpu-bundle.sh). They leave out query 72,
 # on which DataFusion alone runs out of this machine's 128 GiB at SF 1,
 # and at SF 10 query 21 too, which DataFusion alone does not finish in
 # 100 s there (docs/benchmarks.md). TPCDS10_QUERIES (comma-separated)
-# runs only those queries in the tpcds-10 step, to spread it over calls.
+# runs only those queries in the SF 10 steps, to spread them over calls.
+# The Parquet steps write their files under PARQUET_DIR (default: a fresh
+# folder of this run), where a later run on the same machine finds them.
 # Each step writes LOG_DIR/STEP.log; LOG_DIR/summary.txt lists exit codes.
 # STEP_TIMEOUT (seconds, default 3600) bounds each step.
 set -uo pipefail
@@ -42,6 +46,9 @@ export DATAFUSION_SQLLOGICTEST_FILES="$work/datafusion-test-files"
 export GPU_JOIN_KERNEL_CACHE="$work/kernel-cache"
 export RUST_BACKTRACE=1
 sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+
+parquet=${PARQUET_DIR:-$work/parquet}
+tpcds10_queries=${TPCDS10_QUERIES:-$(seq -s, 1 20),$(seq -s, 22 71),$(seq -s, 73 99)}
 
 status=0
 step() {
@@ -71,16 +78,21 @@ for name in $steps; do
     stress) step stress env GPU_JOIN_STRESS_SECONDS="${GPU_JOIN_STRESS_SECONDS:-180}" \
         ./bin/integration --nocapture reliability::concurrent ;;
     tpch) step tpch ./bin/tpch --sf 1 --validate --compare ;;
-    tpch-parquet) step tpch-parquet ./bin/tpch --sf 1 --validate --compare --parquet "$work/tpch-parquet" ;;
+    tpch-parquet) step tpch-parquet ./bin/tpch --sf 1 --validate --compare --parquet "$parquet" ;;
     tpch-parquet-10) step tpch-parquet-10 ./bin/tpch --sf 10 --compare --iterations 3 \
-        --min-rows 10000000 --min-build-rows 262144 --parquet "$work/tpch-parquet" ;;
+        --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" ;;
     tpch-10) step tpch-10 ./bin/tpch --sf 10 --compare --iterations 3 \
         --min-rows 10000000 --min-build-rows 262144 ;;
     tpcds) step tpcds ./bin/tpch --tpcds "$work/tpcds-queries" --sf 1 --compare \
         --queries "$(seq -s, 1 71),$(seq -s, 73 99)" ;;
     tpcds-10) step tpcds-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare --iterations 3 \
         --min-rows 10000000 --min-build-rows 262144 \
-        --queries "${TPCDS10_QUERIES:-$(seq -s, 1 20),$(seq -s, 22 71),$(seq -s, 73 99)}" ;;
+        --queries "$tpcds10_queries" ;;
+    tpcds-parquet) step tpcds-parquet ./bin/tpch --tpcds "$work/tpcds-queries" --sf 1 --compare \
+        --parquet "$parquet" --queries "$(seq -s, 1 71),$(seq -s, 73 99)" ;;
+    tpcds-parquet-10) step tpcds-parquet-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare \
+        --iterations 3 --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" \
+        --queries "$tpcds10_queries" ;;
     *) echo "unknown step $name" | tee -a "$logs/summary.txt"; status=1 ;;
     esac
 done

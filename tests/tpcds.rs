@@ -4,9 +4,9 @@
 //! a full outer join of two channels, and EXISTS under OR (a mark join).
 //! TPC's own queries are not shipped with the crate; these are written for
 //! this test, and each must give DataFusion's rows with its joins on the
-//! GPU join.
+//! GPU join, over tables in memory and over Parquet files.
 
-use datafusion::prelude::SessionConfig;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::workloads::{comparable_rows, tpcds};
 
 use crate::common::{datafusion_context, gpu_context, gpu_joins, run};
@@ -73,9 +73,30 @@ async fn tpcds_joins_match_datafusion() {
     let (gpu, reference) = (gpu_context(config.clone()), datafusion_context(config));
     tpcds::register_tables(&gpu, SCALE_FACTOR, 3).expect("tables");
     tpcds::register_tables(&reference, SCALE_FACTOR, 3).expect("tables");
+    joins_match(&gpu, &reference).await;
+}
+
+/// The same from Parquet files: listing tables whose statistics come from
+/// the footers, so the plans (and the build sides DataFusion picks) differ
+/// from those over memory, and whose scans take the joins' dynamic filters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpcds_joins_from_parquet_match_datafusion() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = tpcds::write_parquet(dir.path(), SCALE_FACTOR, 3).expect("Parquet files");
+    assert!(folder.join("store_sales/part-003.parquet").is_file(), "one file per part");
+    let config = SessionConfig::new().with_target_partitions(3).with_batch_size(1000);
+    let (gpu, reference) = (gpu_context(config.clone()), datafusion_context(config));
+    tpcds::register_parquet(&gpu, &folder).await.expect("tables");
+    tpcds::register_parquet(&reference, &folder).await.expect("tables");
+    joins_match(&gpu, &reference).await;
+}
+
+/// Runs each query in both sessions: the same rows, and the join types the
+/// query must run on the GPU join among its GPU joins.
+async fn joins_match(gpu: &SessionContext, reference: &SessionContext) {
     for (number, (sql, join_types)) in QUERIES.iter().enumerate() {
-        let expected = run(&reference, sql).await;
-        let actual = run(&gpu, sql).await;
+        let expected = run(reference, sql).await;
+        let actual = run(gpu, sql).await;
         assert!(expected.iter().any(|b| b.num_rows() > 0), "query {number} returned no rows");
         assert_eq!(comparable_rows(&actual).unwrap(), comparable_rows(&expected).unwrap(), "query {number}");
         let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();

@@ -1,7 +1,8 @@
 //! Benchmark workloads run through a session: TPC-H ([`tpch`]) and TPC-DS
-//! ([`tpcds`]), with what both need to run their queries and compare the
-//! rows of two sessions.
+//! ([`tpcds`]), held in memory or read from Parquet files, with what both
+//! need to run their queries and compare the rows of two sessions.
 
+mod parquet;
 pub mod tpcds;
 pub mod tpch;
 

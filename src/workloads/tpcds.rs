@@ -1,17 +1,15 @@
 //! The TPC-DS workload: the 24 tables generated in process with
-//! `tpcdsgen-arrow` and held in memory, and the queries read from files that
-//! TPC's own query generator wrote.
+//! `tpcdsgen-arrow` (held in memory, or written as Parquet files), and the
+//! queries read from files that TPC's own query generator wrote.
 //!
 //! TPC-DS's queries are made from templates by `dsqgen`, in TPC's kit, under
 //! TPC's license; this crate does not carry them. docs/benchmarks.md shows
 //! how to generate them (one `queryN.sql` per template, dialect `netezza`,
 //! `-QUALIFY Y` for the qualification substitutions).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use arrow::error::ArrowError;
 use datafusion::common::{exec_datafusion_err, plan_err};
 use datafusion::error::Result;
 use datafusion::prelude::SessionContext;
@@ -24,6 +22,7 @@ use tpcdsgen_arrow::{
     WarehouseArrow, WebPageArrow, WebReturnsArrow, WebSalesArrow, WebSiteArrow,
 };
 
+use super::parquet::{self, Batches};
 use super::register_parts;
 
 /// Rows per generated batch.
@@ -57,13 +56,13 @@ pub const TABLES: [Table; 24] = [
     Table::WebSite,
 ];
 
-/// The rows of `table` made from its source rows `first..=last` (1-based).
-fn generate_range(session: &Session, table: Table, first: u64, last: u64) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+/// The rows of `table` made from its source rows `first..=last` (1-based),
+/// as they are read.
+fn generate_range(session: &Session, table: Table, first: u64, last: u64) -> Result<(SchemaRef, Batches)> {
     macro_rules! generate {
         ($arrow:ident) => {{
             let batches = $arrow::new(session.clone()).with_source_row_range(first, last).with_batch_size(BATCH_ROWS);
-            let batches: std::result::Result<Vec<RecordBatch>, ArrowError> = batches.collect();
-            Ok(($arrow::schema_ref(), batches?))
+            Ok(($arrow::schema_ref(), Box::new(batches) as Batches))
         }};
     }
     match table {
@@ -95,29 +94,67 @@ fn generate_range(session: &Session, table: Table, first: u64, last: u64) -> Res
     }
 }
 
+/// The generator's settings at `scale_factor`.
+fn session_at(scale_factor: f64) -> Result<Session> {
+    SessionBuilder::new()
+        .with_scale_factor(scale_factor)
+        .build()
+        .map_err(|e| exec_datafusion_err!("TPC-DS at scale factor {scale_factor}: {e}"))
+}
+
+/// The source rows (1-based, inclusive) of each of up to `partitions` parts
+/// of `table`.
+fn part_ranges(session: &Session, table: Table, partitions: usize) -> Vec<(u64, u64)> {
+    let rows = session.get_scaling().get_row_count(table);
+    let parts = (partitions.max(1) as u64).min(rows.max(1));
+    let per_part = rows.div_ceil(parts);
+    (0..parts).map(|part| (part * per_part + 1, ((part + 1) * per_part).min(rows))).collect()
+}
+
 /// Generates every table at `scale_factor` and registers it in `ctx` as an
 /// in-memory table of up to `partitions` partitions, each a range of the
 /// table's source rows, generated in parallel.
 pub fn register_tables(ctx: &SessionContext, scale_factor: f64, partitions: usize) -> Result<()> {
-    let session = SessionBuilder::new()
-        .with_scale_factor(scale_factor)
-        .build()
-        .map_err(|e| exec_datafusion_err!("TPC-DS at scale factor {scale_factor}: {e}"))?;
+    let session = session_at(scale_factor)?;
     for table in TABLES {
-        let rows = session.get_scaling().get_row_count(table);
-        let parts = (partitions.max(1) as u64).min(rows.max(1));
-        let per_part = rows.div_ceil(parts);
-        let generated = (0..parts)
+        let generated = part_ranges(&session, table, partitions)
             .into_par_iter()
-            .map(|part| {
-                let first = part * per_part + 1;
-                let last = ((part + 1) * per_part).min(rows);
-                generate_range(&session, table, first, last)
+            .map(|(first, last)| {
+                let (schema, batches) = generate_range(&session, table, first, last)?;
+                Ok((schema, batches.collect::<std::result::Result<_, _>>()?))
             })
             .collect::<Result<Vec<_>>>()?;
         register_parts(ctx, table.get_name(), generated)?;
     }
     Ok(())
+}
+
+/// Writes every table at `scale_factor` as Parquet files under `dir`, one
+/// file per part (up to `partitions` parts, each a range of the table's
+/// source rows), in the order the generator makes the rows: the sales and
+/// returns by ticket or order number, the others by their key. Tables
+/// already written there are kept. Returns the folder that
+/// [`register_parquet`] reads.
+pub fn write_parquet(dir: &Path, scale_factor: f64, partitions: usize) -> Result<PathBuf> {
+    let folder = dir.join(format!("tpcds-sf{scale_factor}-parts{partitions}"));
+    let session = session_at(scale_factor)?;
+    let ranges: Vec<_> = TABLES.iter().map(|&table| (table, part_ranges(&session, table, partitions))).collect();
+    let tables: Vec<_> = ranges.iter().map(|(table, parts)| (table.get_name(), parts.len())).collect();
+    parquet::write_tables(&folder, &tables, |name, part| {
+        let (table, parts) = ranges
+            .iter()
+            .find(|(table, _)| table.get_name() == name)
+            .ok_or_else(|| exec_datafusion_err!("no TPC-DS table named {name}"))?;
+        let &(first, last) = parts.get(part).ok_or_else(|| exec_datafusion_err!("TPC-DS {name}: no part {part}"))?;
+        generate_range(&session, *table, first, last)
+    })?;
+    Ok(folder)
+}
+
+/// Registers in `ctx` the tables `write_parquet` wrote to `folder`, as
+/// listing tables over their files (statistics read from the footers).
+pub async fn register_parquet(ctx: &SessionContext, folder: &Path) -> Result<()> {
+    parquet::register_tables(ctx, folder, &TABLES.map(|table| table.get_name())).await
 }
 
 /// The numbers of the queries whose files `dir` holds, in order.

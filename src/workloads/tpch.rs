@@ -3,18 +3,13 @@
 //! specification's validation parameters, and the official scale factor 1
 //! answers that the `tpchgen` crate ships.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use arrow::error::ArrowError;
-use datafusion::common::{exec_datafusion_err, plan_err};
+use datafusion::common::plan_err;
 use datafusion::error::Result;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::basic::Compression;
-use datafusion::parquet::file::properties::WriterProperties;
-use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion::prelude::SessionContext;
 use rayon::prelude::*;
 use tpchgen::generators::{
     CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator, PartSuppGenerator,
@@ -24,6 +19,7 @@ use tpchgen_arrow::{
     CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow, SupplierArrow,
 };
 
+use super::parquet::{self, Batches};
 use super::{register_parts, result_cells, run_statements};
 
 /// Rows per generated batch.
@@ -31,9 +27,6 @@ const BATCH_ROWS: usize = 8192;
 
 /// The eight TPC-H tables.
 pub const TABLES: [&str; 8] = ["region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem"];
-
-/// A part's batches, as the generator makes them.
-type Batches = Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>> + Send>;
 
 /// One part of a table: its schema and its batches, made as they are read.
 fn generate_part(table: &str, scale_factor: f64, part: i32, parts: i32) -> Result<(SchemaRef, Batches)> {
@@ -88,58 +81,23 @@ fn parquet_folder(dir: &Path, scale_factor: f64, partitions: usize) -> PathBuf {
 }
 
 /// Writes every table at `scale_factor` as Parquet files under `dir`, one
-/// file per part (`partitions` parts, written in parallel), in the order
-/// the generator makes the rows: orders and lineitem sorted by order key,
-/// the others by their first key. Snappy-compressed, with the writer's
-/// defaults otherwise (row groups of 2^20 rows, as DataFusion writes them,
-/// and column and page statistics), as a data lake would hold them. A
-/// table already written there is kept: each is written to a folder of its
-/// own and renamed into place only when complete. Returns the folder that
-/// `register_parquet` reads.
+/// file per part (`partitions` parts), in the order the generator makes the
+/// rows: orders and lineitem sorted by order key, the others by their first
+/// key. Tables already written there are kept. Returns the folder that
+/// [`register_parquet`] reads.
 pub fn write_parquet(dir: &Path, scale_factor: f64, partitions: usize) -> Result<PathBuf> {
     let folder = parquet_folder(dir, scale_factor, partitions);
-    let properties = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
-    for table in TABLES {
-        let done = folder.join(table);
-        if done.is_dir() {
-            continue;
-        }
-        let writing = folder.join(format!("{table}.writing"));
-        let context = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-            exec_datafusion_err!("TPC-H Parquet: cannot {what} {}: {e}", path.display())
-        };
-        if writing.exists() {
-            std::fs::remove_dir_all(&writing).map_err(|e| context("clear", &writing, &e))?;
-        }
-        std::fs::create_dir_all(&writing).map_err(|e| context("create", &writing, &e))?;
-        let parts = parts_of(table, partitions);
-        (1..=parts).into_par_iter().try_for_each(|part| -> Result<()> {
-            let (schema, batches) = generate_part(table, scale_factor, part, parts)?;
-            let path = writing.join(format!("part-{part:03}.parquet"));
-            let file = File::create(&path).map_err(|e| context("create", &path, &e))?;
-            let mut writer = ArrowWriter::try_new(file, schema, Some(properties.clone()))?;
-            for batch in batches {
-                writer.write(&batch?)?;
-            }
-            writer.close()?;
-            Ok(())
-        })?;
-        std::fs::rename(&writing, &done).map_err(|e| context("rename", &writing, &e))?;
-    }
+    let tables = TABLES.map(|table| (table, parts_of(table, partitions) as usize));
+    parquet::write_tables(&folder, &tables, |table, part| {
+        generate_part(table, scale_factor, part as i32 + 1, parts_of(table, partitions))
+    })?;
     Ok(folder)
 }
 
 /// Registers in `ctx` the tables `write_parquet` wrote to `folder`, as
 /// listing tables over their files (statistics read from the footers).
 pub async fn register_parquet(ctx: &SessionContext, folder: &Path) -> Result<()> {
-    for table in TABLES {
-        let path = folder.join(table);
-        let url = path
-            .to_str()
-            .ok_or_else(|| exec_datafusion_err!("TPC-H Parquet: the path {} is not UTF-8", path.display()))?;
-        ctx.register_parquet(table, url, ParquetReadOptions::default()).await?;
-    }
-    Ok(())
+    parquet::register_tables(ctx, folder, &TABLES).await
 }
 
 /// Substitution parameters of the TPC-H specification's query validation,
