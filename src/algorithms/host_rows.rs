@@ -76,6 +76,24 @@ impl HostRows {
         Ok(Self { whole, ..self.clone() })
     }
 
+    /// The same rows with `columns` whole as well, concatenated on the host
+    /// for the host's own reads: rows taken many times over from a whole
+    /// column cost a lookup each, from the parts a search and a copy each.
+    pub(crate) fn with_host_columns(&self, columns: &[usize]) -> Result<Self> {
+        let mut whole = self.whole.clone();
+        for &i in columns {
+            if self.whole_column(i).is_some() || self.parts.len() == 1 {
+                continue;
+            }
+            let arrays: Vec<&dyn Array> = self.parts.iter().map(|p| p.column(i).as_ref()).collect();
+            match whole.get_mut(i) {
+                Some(column) => *column = Some(concat_arrays(&arrays)?),
+                None => return internal_err!("column {i} of a side of {} columns made whole", whole.len()),
+            }
+        }
+        Ok(Self { whole, ..self.clone() })
+    }
+
     /// Column `index`, of a type `backend` holds, in backend memory: the
     /// column whole where it was assembled; else copied from the parts
     /// straight into the memory its transfer reads, where its values lie
