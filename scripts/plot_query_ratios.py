@@ -14,6 +14,9 @@ series. The plots in docs/:
         "TPC-DS SF 10 in memory on the H100 machine, a session's defaults, sessions taking turns"
     python3 scripts/plot_query_ratios.py docs/data/tpcds-sf10-h100-2026-11-25.csv docs/tpcds-sf10-h100-2026-11-25.png \
         "TPC-DS SF 10 in memory on the H100 machine, a session's defaults, sessions taking turns, code 8e63243"
+    python3 scripts/plot_query_ratios.py docs/data/tpcds-parquet-sf10-h100-2026-11-25.csv docs/tpcds-parquet-sf10-h100.png \
+        "TPC-DS SF 10 from Parquet on the H100 machine, a session's defaults, sessions taking turns" \
+        "before: 9c90254" "after: 3c23cf0"
 """
 import csv
 import sys
@@ -39,8 +42,8 @@ def main(source, target, title, *runs):
     many = len(queries) > 30
     axes.set_xticklabels([f"Q{q}" for q in queries], rotation=90 if many else 0, fontsize=7 if many else None)
     axes.set_ylabel("GPU session / DataFusion (time)")
-    top = max(1.3, max(p.get_height() for p in axes.patches) + 0.05)
-    axes.set_ylim(0.6, top)
+    heights = [p.get_height() for p in axes.patches]
+    axes.set_ylim(min(0.6, min(heights) - 0.05), max(1.3, max(heights) + 0.05))
     axes.set_title(title)
     if runs:
         axes.legend()
