@@ -20,7 +20,7 @@ use crate::keys::{KeyExactness, verify_candidates};
 /// Pairs evaluated by the filter at a time. Small enough that the rows
 /// taken for a slice and the filter's result stay in the core's cache and
 /// come from memory the allocator reuses: slices of a million pairs, with
-/// the join's partitions filtering at once, spent most of their time
+/// the join's partitions filtering at once, spent much of their time
 /// faulting in fresh pages (TPC-DS Q95, docs/benchmarks.md).
 const FILTER_SLICE_ROWS: usize = 1 << 16;
 

@@ -131,10 +131,9 @@ pub fn register_tables(ctx: &SessionContext, scale_factor: f64, partitions: usiz
 
 /// Writes every table at `scale_factor` as Parquet files under `dir`, one
 /// file per part (up to `partitions` parts, each a range of the table's
-/// source rows), in the order the generator makes the rows: the sales and
-/// returns by ticket or order number, the others by their key. Tables
-/// already written there are kept. Returns the folder that
-/// [`register_parquet`] reads.
+/// source rows), in the order the generator makes the rows (the sales by
+/// ticket or order number). Tables already written there are kept. Returns
+/// the folder that [`register_parquet`] reads.
 pub fn write_parquet(dir: &Path, scale_factor: f64, partitions: usize) -> Result<PathBuf> {
     let folder = dir.join(format!("tpcds-sf{scale_factor}-parts{partitions}"));
     let session = session_at(scale_factor)?;
