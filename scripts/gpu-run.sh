@@ -20,6 +20,9 @@
 #   tpcds-10          TPC-DS SF 10 against DataFusion, the session's defaults
 #   tpcds-parquet     TPC-DS SF 1 from Parquet files, every join the GPU join takes on it
 #   tpcds-parquet-10  TPC-DS SF 10 from Parquet files, the session's defaults
+#   filters-10        the queries whose joins have filters (TPC-DS 16, 94, 95
+#                     and TPC-H 21) at SF 10 from Parquet, filters evaluated
+#                     on the host, then on the backend
 # The TPC-DS steps read the query files packed with the TPC-H job
 # (GPU_BUNDLE_TPCDS_QUERIES in gpu-bundle.sh). They leave out query 72,
 # on which DataFusion alone runs out of this machine's 128 GiB at SF 1,
@@ -93,6 +96,15 @@ for name in $steps; do
     tpcds-parquet-10) step tpcds-parquet-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare \
         --iterations 3 --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" \
         --queries "$tpcds10_queries" ;;
+    filters-10)
+        for on_backend in false true; do
+            step "tpcds-filters-$on_backend" ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare \
+                --iterations 5 --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" \
+                --queries 16,94,95 --explain --set "filter_on_backend=$on_backend"
+            step "tpch-filters-$on_backend" ./bin/tpch --sf 10 --compare --iterations 5 --min-rows 10000000 \
+                --min-build-rows 262144 --parquet "$parquet" --queries 21 --explain \
+                --set "filter_on_backend=$on_backend"
+        done ;;
     *) echo "unknown step $name" | tee -a "$logs/summary.txt"; status=1 ;;
     esac
 done

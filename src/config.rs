@@ -238,6 +238,11 @@ extensions_options! {
         /// keys are uploaded and the matched rows are taken on the host.
         /// 0 always uploads them.
         pub probe_device_gather_ratio: f64, default = 0.25
+        /// Evaluate join filters that compare columns of integer, date or
+        /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
+        /// candidate pairs where they lie. Other filters, and all of them
+        /// when false, are evaluated on the host by DataFusion's expression.
+        pub filter_on_backend: bool, default = true
         /// When matches keep the probe side's row order: auto, always or required.
         pub keep_probe_order: ProbeOrderChoice, default = ProbeOrderChoice::Auto
         /// GPU jobs (loading or joining a probe chunk, preparing a build side)

@@ -166,6 +166,10 @@ struct Case {
     null_equality: NullEquality,
     null_aware: bool,
     with_filter: bool,
+    /// The filter compares columns (`l.x <> r.x AND r.x <= l.x`), which the
+    /// backend does where `filter_on_backend` is set.
+    compared_filter: bool,
+    filter_on_backend: bool,
     collect_left: bool,
     partitions: usize,
     projection: Option<Vec<usize>>,
@@ -188,7 +192,7 @@ impl std::fmt::Debug for Case {
             |side: &(SchemaRef, Vec<Vec<RecordBatch>>)| side.1.iter().flatten().map(|b| b.num_rows()).sum::<usize>();
         write!(
             f,
-            "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={}, \
+            "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={} (compared {}, on backend {}), \
              {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, {} build rows, {} probe rows",
             self.seed,
             self.seed,
@@ -197,6 +201,8 @@ impl std::fmt::Debug for Case {
             self.null_equality,
             self.null_aware,
             self.with_filter,
+            self.compared_filter,
+            self.filter_on_backend,
             if self.collect_left { "CollectLeft" } else { "Partitioned" },
             self.partitions,
             self.projection,
@@ -307,6 +313,8 @@ fn random_case(seed: u64) -> Case {
         null_equality,
         null_aware,
         with_filter,
+        compared_filter: rng.random_bool(0.5),
+        filter_on_backend: rng.random_bool(0.8),
         collect_left,
         partitions,
         projection,
@@ -343,18 +351,27 @@ fn key_exprs(schema: &SchemaRef, prefix: &str) -> Vec<PhysicalExprRef> {
         .collect()
 }
 
-/// `l.x < r.x + 5`, or `l.s <> r.s OR l.x IS NULL`, on candidate pairs.
+/// `l.x < r.x + 5`, evaluated on the host, or `l.x <> r.x AND r.x <= l.x`,
+/// compared on the backend where the case lets it.
 fn filter(case: &Case) -> JoinFilter {
     let (left, right) = (&case.left.0, &case.right.0);
     let lx = left.index_of("lx").expect("lx");
     let rx = right.index_of("rx").expect("rx");
     let schema =
         Arc::new(Schema::new(vec![Field::new("lx", DataType::Int32, true), Field::new("rx", DataType::Int32, true)]));
-    let expression = Arc::new(BinaryExpr::new(
-        Arc::new(Column::new("lx", 0)),
-        Operator::Lt,
-        Arc::new(BinaryExpr::new(Arc::new(Column::new("rx", 1)), Operator::Plus, lit(5i32))),
-    ));
+    let (lx_column, rx_column) = (Arc::new(Column::new("lx", 0)), Arc::new(Column::new("rx", 1)));
+    let expression: PhysicalExprRef = match case.compared_filter {
+        true => Arc::new(BinaryExpr::new(
+            Arc::new(BinaryExpr::new(lx_column.clone(), Operator::NotEq, rx_column.clone())),
+            Operator::And,
+            Arc::new(BinaryExpr::new(rx_column, Operator::LtEq, lx_column)),
+        )),
+        false => Arc::new(BinaryExpr::new(
+            lx_column,
+            Operator::Lt,
+            Arc::new(BinaryExpr::new(rx_column, Operator::Plus, lit(5i32))),
+        )),
+    };
     JoinFilter::new(
         expression,
         vec![ColumnIndex { index: lx, side: JoinSide::Left }, ColumnIndex { index: rx, side: JoinSide::Right }],
@@ -398,6 +415,7 @@ async fn run_case(case: &Case) -> Result<(), String> {
     options.materialization = case.materialization;
     options.probe_chunk_rows = case.probe_chunk_rows;
     options.probe_device_gather_ratio = case.probe_device_gather_ratio;
+    options.filter_on_backend = case.filter_on_backend;
     if case.build_on_datafusion {
         options.min_build_rows = usize::MAX;
     }

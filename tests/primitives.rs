@@ -10,20 +10,20 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, Decimal128Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array,
-    StringArray, UInt32Array,
+    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float64Array, Int8Array, Int16Array, Int32Array,
+    Int64Array, StringArray, TimestampMicrosecondArray, UInt8Array, UInt16Array, UInt32Array, UInt64Array,
 };
 use arrow::compute::take;
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, TimeUnit};
 use datafusion_gpu_join::backend::cpu::CpuBackend;
 use datafusion_gpu_join::backend::cuda::CudaBackend;
 use datafusion_gpu_join::backend::{
-    BackendHandle, Candidates, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, SortSpec, Space,
-    Transformed,
+    BackendHandle, Candidates, Comparison, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, SortSpec,
+    Space, Transformed,
 };
 use datafusion_gpu_join::keys::NormalizedKey;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
@@ -369,6 +369,137 @@ fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng)
     }
 }
 
+/// Values of one integer-like type, as logical values and as an Arrow
+/// array: the type's extremes (where a comparison of the wrong signedness
+/// or width goes wrong), a small domain (so that equal values are common),
+/// and NULLs.
+fn comparable_values(rng: &mut StdRng, data_type: &DataType, rows: usize) -> (Vec<Option<i128>>, ArrayRef) {
+    let (min, max): (i128, i128) = match data_type {
+        DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+        DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+        DataType::Int32 | DataType::Date32 => (i32::MIN.into(), i32::MAX.into()),
+        DataType::UInt8 => (0, u8::MAX.into()),
+        DataType::UInt16 => (0, u16::MAX.into()),
+        DataType::UInt32 => (0, u32::MAX.into()),
+        DataType::UInt64 => (0, u64::MAX.into()),
+        _ => (i64::MIN.into(), i64::MAX.into()),
+    };
+    let extremes = [min, min + 1, max - 1, max, (min + max) / 2];
+    let logical: Vec<Option<i128>> = (0..rows)
+        .map(|_| match rng.random_range(0..10) {
+            0 => None,
+            1 | 2 => Some(*extremes.choose(rng).unwrap()),
+            _ => Some(min.max(-3) + rng.random_range(0..8)),
+        })
+        .collect();
+    macro_rules! array {
+        ($array:ty, $native:ty) => {
+            Arc::new(logical.iter().map(|v| v.map(|v| v as $native)).collect::<$array>()) as ArrayRef
+        };
+    }
+    let array = match data_type {
+        DataType::Int8 => array!(Int8Array, i8),
+        DataType::Int16 => array!(Int16Array, i16),
+        DataType::Int32 => array!(Int32Array, i32),
+        DataType::Date32 => array!(Date32Array, i32),
+        DataType::UInt8 => array!(UInt8Array, u8),
+        DataType::UInt16 => array!(UInt16Array, u16),
+        DataType::UInt32 => array!(UInt32Array, u32),
+        DataType::UInt64 => array!(UInt64Array, u64),
+        DataType::Timestamp(TimeUnit::Microsecond, None) => array!(TimestampMicrosecondArray, i64),
+        _ => array!(Int64Array, i64),
+    };
+    (logical, array)
+}
+
+/// Whether two logical values compare as a [`Comparison`] asks.
+type Holds = fn(&i128, &i128) -> bool;
+
+/// Join filter comparisons: for pairs of rows of two columns of one type,
+/// with NULL values, null rows and flags of earlier comparisons, the flags
+/// are exactly where both values are there, compare as asked and the
+/// earlier flag is set.
+fn check_compare_rows<B: JoinBackend>(device: &B::Device, rng: &mut StdRng) {
+    let tested = open::<B>(device);
+    let types = [
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::UInt8,
+        DataType::UInt16,
+        DataType::UInt32,
+        DataType::UInt64,
+        DataType::Date32,
+        DataType::Timestamp(TimeUnit::Microsecond, None),
+    ];
+    let ops: [(Comparison, Holds); 6] = [
+        (Comparison::Eq, i128::eq),
+        (Comparison::NotEq, i128::ne),
+        (Comparison::Lt, i128::lt),
+        (Comparison::LtEq, i128::le),
+        (Comparison::Gt, i128::gt),
+        (Comparison::GtEq, i128::ge),
+    ];
+    for &rows in &sizes() {
+        // The largest sizes for the join keys' usual types only.
+        let types = match rows > LARGE_ROWS {
+            true => &types[3..4],
+            false => &types[..],
+        };
+        for data_type in types {
+            let (left_rows, right_rows) = (rows.max(1), rng.random_range(1..=rows.max(1)));
+            let (left, left_array) = comparable_values(rng, data_type, left_rows);
+            let (right, right_array) = comparable_values(rng, data_type, right_rows);
+            let row = |rng: &mut StdRng, of: usize| match rng.random_bool(0.02) {
+                true => NULL_POSITION,
+                false => rng.random_range(0..of as u32),
+            };
+            let pairs: Vec<(u32, u32)> = (0..rows).map(|_| (row(rng, left_rows), row(rng, right_rows))).collect();
+            let (left_positions, right_positions): (Vec<u32>, Vec<u32>) = pairs.iter().copied().unzip();
+            let and: Vec<u8> = (0..rows).map(|_| u8::from(rng.random_bool(0.7))).collect();
+            let (left_column, right_column) =
+                (tested.upload_column(&left_array).unwrap(), tested.upload_column(&right_array).unwrap());
+            let (left_positions, right_positions) =
+                (tested.upload(&left_positions).unwrap(), tested.upload(&right_positions).unwrap());
+            let uploaded_and = tested.upload(&and).unwrap();
+            // Every comparison, but one at the largest sizes.
+            let ops = match rows > LARGE_ROWS {
+                true => vec![*ops.choose(rng).unwrap()],
+                false => ops.to_vec(),
+            };
+            for ((op, holds), with_and) in ops.into_iter().flat_map(|op| [(op, false), (op, true)]) {
+                let flags = tested
+                    .compare_rows(
+                        op,
+                        (&left_column, &left_positions),
+                        (&right_column, &right_positions),
+                        with_and.then_some(&uploaded_and),
+                    )
+                    .unwrap();
+                let value = |values: &[Option<i128>], row: u32| match row {
+                    NULL_POSITION => None,
+                    row => values[row as usize],
+                };
+                let expected: Vec<u8> = pairs
+                    .iter()
+                    .zip(&and)
+                    .map(|(&(l, r), &and)| {
+                        let compared =
+                            matches!((value(&left, l), value(&right, r)), (Some(a), Some(b)) if holds(&a, &b));
+                        u8::from(compared && (!with_and || and != 0))
+                    })
+                    .collect();
+                assert_eq!(
+                    tested.download(&flags).unwrap(),
+                    expected,
+                    "{rows} pairs of {data_type} {op:?}, and {with_and}"
+                );
+            }
+        }
+    }
+}
+
 /// A permutation scatters its values into place; positions that are not
 /// one (a position twice, a null one, one out of range, one too few) give
 /// `None`.
@@ -523,6 +654,12 @@ fn transform_and_match_64_bit_keys() {
 fn gathers_and_flags() {
     let mut rng = fresh_rng("gathers and flags");
     on_test_backend!(B, device => check_gathers_and_flags::<B>(device, &mut rng));
+}
+
+#[test]
+fn join_filter_comparisons() {
+    let mut rng = fresh_rng("join filter comparisons");
+    on_test_backend!(B, device => check_compare_rows::<B>(device, &mut rng));
 }
 
 #[test]

@@ -5,6 +5,7 @@ use datafusion::physical_expr::{LexOrdering, PhysicalExprRef};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
 use super::choice::PlannedSizes;
+use super::pair_filter::PairFilter;
 use crate::config::{AlgorithmChoice, MaterializationChoice, ProbeOrderChoice};
 
 /// Probe chunks of up to this many rows keep probe order under
@@ -50,6 +51,9 @@ pub struct JoinDefinition {
     /// `NOT IN` semantics for a single-key `LeftAnti` join.
     pub null_aware: bool,
     pub filter: Option<JoinFilter>,
+    /// The filter as column comparisons that the backend evaluates, where
+    /// it is one and `gpu_join.filter_on_backend` is set.
+    pub pair_filter: Option<PairFilter>,
     /// The operator's output schema (after the embedded projection).
     pub output_schema: SchemaRef,
     pub output_columns: Vec<OutputColumn>,
@@ -112,8 +116,9 @@ impl JoinDefinition {
         })
     }
 
-    /// Columns of a side the join reads besides its keys: those of the
-    /// output and those the filter reads, ascending, without repeats.
+    /// Columns of a side the join reads on the host besides its keys: those
+    /// of the output and those the filter reads there, ascending, without
+    /// repeats.
     pub fn read_columns(&self, side: JoinSide) -> Vec<usize> {
         let mut columns = match side {
             JoinSide::Left => self.build_output_columns(),
@@ -125,10 +130,19 @@ impl JoinDefinition {
         columns
     }
 
-    /// Columns of a side the filter reads, on the host.
+    /// Columns of a side the filter reads on the host: none where the
+    /// backend compares them.
     pub(crate) fn filter_columns(&self, side: JoinSide) -> Vec<usize> {
-        let indices = self.filter.as_ref().map_or(&[][..], |f| f.column_indices());
+        let indices = match (&self.filter, &self.pair_filter) {
+            (Some(filter), None) => filter.column_indices(),
+            _ => &[],
+        };
         indices.iter().filter(|c| c.side == side).map(|c| c.index).collect()
+    }
+
+    /// Columns of a side the backend compares for the filter, ascending.
+    pub(crate) fn pair_filter_columns(&self, side: JoinSide) -> Vec<usize> {
+        self.pair_filter.as_ref().map_or(vec![], |filter| filter.columns(side))
     }
 
     fn side_columns(&self, pick: impl Fn(OutputColumn) -> Option<usize>) -> Vec<usize> {

@@ -6,15 +6,18 @@
 //!    join) or sorted (sort-merge join) once; each probe chunk is transformed
 //!    the same way. Payload columns travel with the keys when that side
 //!    gathers from its transformed relation (GFTR), otherwise row ids do (GFUR).
-//! 2. **match**: candidate pairs of equal normalised keys, then, on the host,
-//!    key verification for hashed keys and the residual join filter; then the
-//!    join type's semantics (outer padding, semi, anti, mark) from flags.
+//! 2. **match**: candidate pairs of equal normalised keys, then key
+//!    verification for hashed keys (on the host) and the residual join
+//!    filter (on the backend where it compares columns, on the host
+//!    otherwise); then the join type's semantics (outer padding, semi,
+//!    anti, mark) from flags.
 //! 3. **materialize**: output columns gathered from positions.
 
 pub mod choice;
 mod definition;
 mod host_rows;
 mod materialize;
+mod pair_filter;
 mod phases;
 mod pipeline;
 mod residual;
@@ -24,6 +27,7 @@ mod strategy;
 
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
 pub use host_rows::{HostRows, assemble_columns};
+pub use pair_filter::{ColumnComparison, PairFilter};
 pub use pipeline::{
     BuildSide, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, ProbeOutput, ProbePlan, Settle, evaluate_keys,
     finish_build_side, join_loaded_chunk, load_probe_chunk, prepare_build_side,

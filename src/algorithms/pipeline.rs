@@ -21,6 +21,7 @@ use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, each_probe_row_once, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{
     ColumnPlacement, PlacedColumns, SideView, columns_held, has_host_columns, place_columns, upload_columns,
+    upload_filter_columns,
 };
 use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
@@ -81,6 +82,8 @@ pub struct BuildSide<B: JoinBackend> {
     plan: Arc<ProbePlan>,
     relation: KeyedRelation<B>,
     placements: Vec<Option<ColumnPlacement<B::Column>>>,
+    /// The columns the backend compares for the filter.
+    filter_columns: Vec<(usize, B::Column)>,
     visited: Option<B::Flags>,
 }
 
@@ -120,6 +123,7 @@ impl<B: JoinBackend> BuildSide<B> {
             row_ids,
             placements: &self.placements,
             payloads,
+            filter_columns: &self.filter_columns,
         }
     }
 }
@@ -289,10 +293,16 @@ pub fn prepare_build_side<B: JoinBackend>(
     // that work (a sample of scattered keys, mostly) leaves the memory
     // bandwidth the copies need.
     let (uploaded, keyed) = rayon::join(
-        || upload_columns(backend, &rows, &definition.build_output_columns(), true),
+        || -> Result<_> {
+            let filter_columns = definition.pair_filter_columns(JoinSide::Left);
+            Ok((
+                upload_columns(backend, &rows, &definition.build_output_columns(), true)?,
+                upload_filter_columns(backend, &rows, &filter_columns)?,
+            ))
+        },
         || encode_and_choose(backend, definition, &rows, ranges, profile),
     );
-    let (uploaded, EncodedChoice { staged_keys, plan, keys }) = (uploaded?, keyed?);
+    let ((uploaded, filter_columns), EncodedChoice { staged_keys, plan, keys }) = (uploaded?, keyed?);
     let (encoder, strategy) = (&plan.encoder, plan.choice.strategy);
     let PlacedColumns { placements, to_transform } = uploaded.placed(strategy.build_space);
     let with_row_ids =
@@ -318,7 +328,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     // Every probe partition reads the build side from here on.
     backend.finish()?;
     timer.done();
-    Ok(BuildSide { rows, whole: OnceLock::new(), keys, plan, relation, placements, visited })
+    Ok(BuildSide { rows, whole: OnceLock::new(), keys, plan, relation, placements, filter_columns, visited })
 }
 
 /// The normalised keys of a probe chunk in backend memory.
@@ -385,6 +395,8 @@ pub struct LoadedChunk<B: JoinBackend> {
     with_row_ids: bool,
     placements: Vec<Option<ColumnPlacement<B::Column>>>,
     to_transform: Vec<B::Column>,
+    /// The columns the backend compares for the filter.
+    filter_columns: Vec<(usize, B::Column)>,
     /// Rows per output batch the session asks for.
     batch_rows: usize,
 }
@@ -447,6 +459,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
         with_row_ids: false,
         placements: vec![],
         to_transform: vec![],
+        filter_columns: vec![],
         batch_rows,
     };
     if definition.null_aware {
@@ -467,6 +480,8 @@ pub fn load_probe_chunk<B: JoinBackend>(
         ProbeColumns::Upload => place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), true, space)?,
         ProbeColumns::AfterMatching => PlacedColumns { placements: vec![], to_transform: vec![] },
     };
+    loaded.filter_columns =
+        upload_filter_columns(backend, &loaded.chunk, &definition.pair_filter_columns(JoinSide::Right))?;
     loaded.keys = Some(upload_keys(backend, &plan.probe_encoder, &keys)?);
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, plan.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
@@ -540,6 +555,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         row_ids: probe_relation.row_ids.as_ref(),
         placements: &chunk.placements,
         payloads: &probe_relation.payloads,
+        filter_columns: &chunk.filter_columns,
     };
     let candidates =
         find_matches(backend, build_relation, &probe_relation, (build.choice().strategy.build_space, chunk.space))?;

@@ -1,20 +1,23 @@
-//! Host-side checks on candidate pairs: verification of hashed keys against
-//! the real key values, then the residual join filter. Both run before the
-//! join type's semantics, so a pair that fails either counts as unmatched.
+//! Checks on candidate pairs: verification of hashed keys against the real
+//! key values on the host, then the residual join filter, compared on the
+//! backend where it is column comparisons ([`PairFilter`]) and evaluated on
+//! the host otherwise. Both run before the join type's semantics, so a pair
+//! that fails either counts as unmatched.
 
 use std::borrow::Cow;
 
 use arrow::array::{Array, AsArray, RecordBatchOptions, UInt32Array};
 use arrow::buffer::ScalarBuffer;
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{JoinSide, internal_err};
+use datafusion::common::{JoinSide, internal_datafusion_err, internal_err};
 use datafusion::error::Result;
-use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
 use super::JoinDefinition;
 use super::host_rows::{HostRows, TakenRows};
+use super::pair_filter::PairFilter;
 use super::side::SideView;
-use crate::backend::{Candidates, JoinBackend};
+use crate::backend::{Candidates, ColumnRows, JoinBackend};
 use crate::keys::{KeyExactness, verify_candidates};
 
 /// Pairs evaluated by the filter at a time. Small enough that the rows
@@ -37,33 +40,96 @@ pub(crate) fn apply<B: JoinBackend>(
     if count == 0 || (!verify && definition.filter.is_none()) {
         return Ok(candidates);
     }
-    // Original rows of a side only when something reads that side.
-    let build_rows: ScalarBuffer<u32> = match verify || definition.filter_reads(JoinSide::Left) {
-        true => build.original_rows(backend, &candidates.build)?.into(),
-        false => ScalarBuffer::from(vec![]),
+    let kept = match host_checks(backend, definition, verify, build, probe, &candidates)? {
+        Some(keep) if !keep.iter().all(|k| *k) => {
+            Some(backend.upload(&keep.into_iter().map(u8::from).collect::<Vec<_>>())?)
+        }
+        _ => None,
     };
-    let probe_rows: ScalarBuffer<u32> = match verify || definition.filter_reads(JoinSide::Right) {
-        true => probe.original_rows(backend, &candidates.probe)?.into(),
-        false => ScalarBuffer::from(vec![]),
+    let keep = match (&definition.pair_filter, kept) {
+        (Some(filter), kept) => compare_on_backend(backend, definition, filter, build, probe, &candidates, kept)?,
+        (None, Some(kept)) => kept,
+        (None, None) => return Ok(candidates),
     };
-    let mut keep = vec![true; count];
-    if verify {
-        verify_candidates(build.keys, probe.keys, &build_rows, &probe_rows, definition.null_equality, &mut keep)?;
-    }
-    if let Some(filter) = &definition.filter {
-        let build_side = read_whole(build.rows, definition.filter_columns(JoinSide::Left), count)?;
-        let probe_side = read_whole(probe.rows, definition.filter_columns(JoinSide::Right), count)?;
-        apply_filter(filter, &build_side, &probe_side, &build_rows, &probe_rows, &mut keep)?;
-    }
-    if keep.iter().all(|k| *k) {
-        return Ok(candidates);
-    }
-    let keep: Vec<u8> = keep.into_iter().map(u8::from).collect();
-    let keep = backend.upload(&keep)?;
     Ok(Candidates {
         build: backend.select(&candidates.build, &keep)?,
         probe: backend.select(&candidates.probe, &keep)?,
     })
+}
+
+/// Which pairs pass the checks made on the host: verification of hashed
+/// keys, and the filter where the backend does not compare it. `None` when
+/// the host checks nothing.
+fn host_checks<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    verify: bool,
+    build: &SideView<'_, B>,
+    probe: &SideView<'_, B>,
+    candidates: &Candidates<B>,
+) -> Result<Option<Vec<bool>>> {
+    let filter = definition.filter.as_ref().filter(|_| definition.pair_filter.is_none());
+    if !verify && filter.is_none() {
+        return Ok(None);
+    }
+    // Original rows of a side only when something reads that side.
+    let reads = |side: JoinSide| verify || (filter.is_some() && definition.filter_reads(side));
+    let build_rows: ScalarBuffer<u32> = match reads(JoinSide::Left) {
+        true => build.original_rows(backend, &candidates.build)?.into(),
+        false => ScalarBuffer::from(vec![]),
+    };
+    let probe_rows: ScalarBuffer<u32> = match reads(JoinSide::Right) {
+        true => probe.original_rows(backend, &candidates.probe)?.into(),
+        false => ScalarBuffer::from(vec![]),
+    };
+    let count = backend.len(&candidates.build);
+    let mut keep = vec![true; count];
+    if verify {
+        verify_candidates(build.keys, probe.keys, &build_rows, &probe_rows, definition.null_equality, &mut keep)?;
+    }
+    if let Some(filter) = filter {
+        let build_side = read_whole(build.rows, definition.filter_columns(JoinSide::Left), count)?;
+        let probe_side = read_whole(probe.rows, definition.filter_columns(JoinSide::Right), count)?;
+        apply_filter(filter, &build_side, &probe_side, &build_rows, &probe_rows, &mut keep)?;
+    }
+    Ok(Some(keep))
+}
+
+/// Flags of the pairs that `kept` (every pair when `None`) keeps and whose
+/// values meet every comparison of the filter, compared by the backend at
+/// the pairs' original rows. Comparing pairs that verification dropped
+/// cannot fail, and their flags stay 0.
+fn compare_on_backend<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    filter: &PairFilter,
+    build: &SideView<'_, B>,
+    probe: &SideView<'_, B>,
+    candidates: &Candidates<B>,
+    kept: Option<B::Vector<u8>>,
+) -> Result<B::Vector<u8>> {
+    let original =
+        |view: &SideView<'_, B>, positions: &B::Vector<u32>, side: JoinSide| match definition.filter_reads(side) {
+            true => view.original_rows_on_backend(backend, positions),
+            false => Ok(None),
+        };
+    let build_rows = original(build, &candidates.build, JoinSide::Left)?;
+    let probe_rows = original(probe, &candidates.probe, JoinSide::Right)?;
+    let (build_rows, probe_rows) =
+        (build_rows.as_ref().unwrap_or(&candidates.build), probe_rows.as_ref().unwrap_or(&candidates.probe));
+    let operand = |column: &ColumnIndex| -> Result<ColumnRows<'_, B>> {
+        match column.side {
+            JoinSide::Left => Ok((build.filter_column(column.index)?, build_rows)),
+            JoinSide::Right => Ok((probe.filter_column(column.index)?, probe_rows)),
+            JoinSide::None => internal_err!("join filter reads the mark column"),
+        }
+    };
+    let mut flags = kept;
+    for comparison in filter.comparisons() {
+        let (left, right) = (operand(&comparison.left)?, operand(&comparison.right)?);
+        flags = Some(backend.compare_rows(comparison.op, left, right, flags.as_ref())?);
+    }
+    flags.ok_or_else(|| internal_datafusion_err!("a join filter of no comparisons"))
 }
 
 /// A side's rows with the columns the filter reads whole where the pairs

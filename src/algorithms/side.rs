@@ -114,17 +114,47 @@ pub(crate) struct SideView<'a, B: JoinBackend> {
     pub row_ids: Option<&'a B::Vector<u32>>,
     pub placements: &'a [Option<ColumnPlacement<B::Column>>],
     pub payloads: &'a [B::Column],
+    /// The columns the backend compares for the filter, in original row
+    /// order, with their indices.
+    pub filter_columns: &'a [(usize, B::Column)],
 }
 
 impl<B: JoinBackend> SideView<'_, B> {
     /// The original rows of positions in this side's space, on the host.
     pub fn original_rows(&self, backend: &B, positions: &B::Vector<u32>) -> Result<Vec<u32>> {
+        match self.original_rows_on_backend(backend, positions)? {
+            Some(rows) => backend.download(&rows),
+            None => backend.download(positions),
+        }
+    }
+
+    /// The original rows of positions in this side's space, in backend
+    /// memory; `None` where the positions are original rows.
+    pub fn original_rows_on_backend(&self, backend: &B, positions: &B::Vector<u32>) -> Result<Option<B::Vector<u32>>> {
         match (self.space, self.row_ids) {
-            (Space::Original, _) => backend.download(positions),
-            (Space::Transformed, Some(row_ids)) => backend.download(&backend.gather_positions(row_ids, positions)?),
+            (Space::Original, _) => Ok(None),
+            (Space::Transformed, Some(row_ids)) => Ok(Some(backend.gather_positions(row_ids, positions)?)),
             (Space::Transformed, None) => {
                 internal_err!("original rows asked for a side transformed without row ids")
             }
         }
     }
+
+    /// Column `index` as the backend compares it for the filter.
+    pub fn filter_column(&self, index: usize) -> Result<&B::Column> {
+        match self.filter_columns.iter().find(|(i, _)| *i == index) {
+            Some((_, column)) => Ok(column),
+            None => internal_err!("the filter's column {index} was not uploaded"),
+        }
+    }
+}
+
+/// The columns of a side the backend compares for the filter, uploaded in
+/// original row order.
+pub(crate) fn upload_filter_columns<B: JoinBackend>(
+    backend: &B,
+    rows: &HostRows,
+    columns: &[usize],
+) -> Result<Vec<(usize, B::Column)>> {
+    columns.iter().map(|&i| Ok((i, rows.upload_column(backend, i)?))).collect()
 }

@@ -116,6 +116,58 @@ pub(crate) fn value_width(data_type: &DataType) -> Option<usize> {
     data_type.primitive_width().filter(|_| data_type.is_primitive())
 }
 
+/// How a join filter compares the values of a pair
+/// ([`JoinBackend::compare_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    Eq,
+    NotEq,
+    Lt,
+    LtEq,
+    Gt,
+    GtEq,
+}
+
+/// How the backend compares values of `data_type` in a join filter: as
+/// integers of `bytes` bytes, signed or not. `None` for types whose order
+/// is not their bits' (floats with NaN and signed zeros, decimals of other
+/// scales, strings): those filters stay with DataFusion's expression.
+pub(crate) fn compared_integer(data_type: &DataType) -> Option<(bool, usize)> {
+    match data_type {
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Some((true, value_width(data_type)?)),
+        DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
+            Some((false, value_width(data_type)?))
+        }
+        DataType::Date32 | DataType::Time32(_) => Some((true, 4)),
+        DataType::Date64 | DataType::Time64(_) | DataType::Timestamp(_, _) | DataType::Duration(_) => Some((true, 8)),
+        _ => None,
+    }
+}
+
+/// Checks the arguments of [`JoinBackend::compare_rows`], given as the
+/// columns' types and each argument's length: returns the pairs and how
+/// their values compare.
+pub(crate) fn check_compared(
+    left: (&DataType, usize),
+    right: (&DataType, usize),
+    and: Option<usize>,
+) -> Result<(usize, (bool, usize))> {
+    let pairs = left.1;
+    if right.1 != pairs || and.is_some_and(|len| len != pairs) {
+        return datafusion::common::internal_err!(
+            "compare_rows: {pairs} left rows, {} right rows and {and:?} flags",
+            right.1
+        );
+    }
+    match compared_integer(left.0) {
+        Some(integer) if left.0 == right.0 => Ok((pairs, integer)),
+        _ => datafusion::common::internal_err!("compare_rows: no comparison of {} with {}", left.0, right.0),
+    }
+}
+
+/// A column in backend memory and the rows of it that a primitive reads.
+pub type ColumnRows<'a, B> = (&'a <B as JoinBackend>::Column, &'a <B as JoinBackend>::Vector<u32>);
+
 /// The most rows one relation or probe chunk may have: positions are `u32`
 /// and [`NULL_POSITION`] is reserved.
 pub const MAX_RELATION_ROWS: usize = (u32::MAX - 1) as usize;
@@ -455,6 +507,19 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
         keys: &Self::Vector<u32>,
         values: &Self::Vector<u32>,
     ) -> Result<(Self::Vector<u32>, Self::Vector<u32>)>;
+
+    // ---- join filters ----
+    /// For each pair `i`: 1 where `left`'s value at row `left.1[i]` and
+    /// `right`'s at row `right.1[i]` compare as `op` and `and` (when given)
+    /// is non-zero at `i`; 0 where either value is NULL or a row is null.
+    /// Both columns are of one type that [`compared_integer`] knows.
+    fn compare_rows(
+        &self,
+        op: Comparison,
+        left: ColumnRows<'_, Self>,
+        right: ColumnRows<'_, Self>,
+        and: Option<&Self::Vector<u8>>,
+    ) -> Result<Self::Vector<u8>>;
 
     // ---- flags ----
     fn new_flags(&self, len: usize) -> Result<Self::Flags>;

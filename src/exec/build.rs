@@ -171,14 +171,14 @@ const PASSES_AFTER_OUT_OF_MEMORY: usize = 4;
 
 /// Device bytes the transform of a build side of `rows` rows holds at its
 /// peak: keys (at most 8 bytes), device-held payloads and row ids, in and
-/// out.
+/// out, and the columns the backend compares for the filter.
 fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) -> u64 {
-    let payload: usize = definition
-        .build_output_columns()
-        .iter()
-        .filter_map(|&i| schema.fields().get(i).and_then(|f| f.data_type().primitive_width()))
-        .sum();
-    rows as u64 * (2 * (8 + payload) + 4) as u64
+    let width = |columns: Vec<usize>| -> usize {
+        columns.iter().filter_map(|&i| schema.fields().get(i).and_then(|f| f.data_type().primitive_width())).sum()
+    };
+    let (payload, compared) =
+        (width(definition.build_output_columns()), width(definition.pair_filter_columns(JoinSide::Left)));
+    rows as u64 * (2 * (8 + payload) + 4 + compared) as u64
 }
 
 /// The batches of partition `partition` of the build input, in host memory

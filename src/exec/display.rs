@@ -29,7 +29,8 @@ impl DisplayAs for GpuJoinExec {
                     self.join_type(),
                 )?;
                 if let Some(filter) = self.filter() {
-                    write!(f, ", filter={}", filter.expression())?;
+                    let on = if self.definition.pair_filter.is_some() { "backend" } else { "host" };
+                    write!(f, ", filter={}, filter_on={on}", filter.expression())?;
                 }
                 if let Some(projection) = self.projection_text() {
                     write!(f, ", projection=[{projection}]")?;

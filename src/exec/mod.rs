@@ -45,7 +45,7 @@ use datafusion::physical_plan::{
 };
 
 use crate::algorithms::choice::{self, PlanStatistics, PlannedSizes, planned_sizes};
-use crate::algorithms::{JoinDefinition, KeyOrder};
+use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
 use crate::backend::BackendHandle;
 use crate::config::GpuJoinConfig;
 use key_order::OrderedOutput;
@@ -195,6 +195,7 @@ impl GpuJoinExec {
             null_equality: twin.null_equality(),
             null_aware: twin.null_aware,
             filter: twin.filter().cloned(),
+            pair_filter: twin.filter().filter(|_| options.filter_on_backend).and_then(PairFilter::of),
             output_schema: twin.schema(),
             output_columns: JoinDefinition::output_columns_from(&column_indices),
             probe_order_required: probe_order_required(twin, key_order.as_ref()),

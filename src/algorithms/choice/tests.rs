@@ -53,6 +53,7 @@ fn definition(algorithm: AlgorithmChoice, materialization: MaterializationChoice
         null_equality: NullEquality::NullEqualsNothing,
         null_aware: false,
         filter: None,
+        pair_filter: None,
         output_schema: schema,
         output_columns: vec![OutputColumn::Build(1), OutputColumn::Probe(1)],
         probe_order_required: false,

@@ -11,8 +11,9 @@ mod transform;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arrow::array::{ArrayData, ArrayRef, make_array};
+use arrow::array::{Array, ArrayData, ArrayRef, make_array};
 use arrow::buffer::MutableBuffer;
+use arrow::compute::kernels::cmp;
 use arrow::compute::take;
 use arrow::datatypes::DataType;
 use datafusion::common::{internal_datafusion_err, internal_err};
@@ -21,8 +22,8 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::{
-    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION, PartitionSpec, SortSpec, Space,
-    TransferMemory, Transformed, positions_to_indices, value_width,
+    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION,
+    PartitionSpec, SortSpec, Space, TransferMemory, Transformed, check_compared, positions_to_indices, value_width,
 };
 use crate::keys::NormalizedKey;
 pub use matching::ChainedTables;
@@ -238,6 +239,30 @@ impl JoinBackend for CpuBackend {
         let mut order: Vec<u32> = (0..keys.len() as u32).collect();
         order.sort_by_key(|&i| keys[i as usize]);
         Ok((order.iter().map(|&i| keys[i as usize]).collect(), order.iter().map(|&i| values[i as usize]).collect()))
+    }
+
+    /// Arrow's comparison kernels on the rows taken: the reference for
+    /// the device's comparisons, NULL as false.
+    fn compare_rows(
+        &self,
+        op: Comparison,
+        left: ColumnRows<'_, Self>,
+        right: ColumnRows<'_, Self>,
+        and: Option<&Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        check_compared((left.0.data_type(), left.1.len()), (right.0.data_type(), right.1.len()), and.map(Vec::len))?;
+        let taken = |(column, rows): ColumnRows<'_, Self>| take(column.as_ref(), &positions_to_indices(rows), None);
+        let (left, right) = (taken(left)?, taken(right)?);
+        let holds = match op {
+            Comparison::Eq => cmp::eq(&left, &right),
+            Comparison::NotEq => cmp::neq(&left, &right),
+            Comparison::Lt => cmp::lt(&left, &right),
+            Comparison::LtEq => cmp::lt_eq(&left, &right),
+            Comparison::Gt => cmp::gt(&left, &right),
+            Comparison::GtEq => cmp::gt_eq(&left, &right),
+        }?;
+        let kept = |i: usize| and.is_none_or(|and| and[i] != 0);
+        Ok((0..holds.len()).map(|i| u8::from(holds.is_valid(i) && holds.value(i) && kept(i))).collect())
     }
 
     fn new_flags(&self, len: usize) -> Result<Vec<AtomicBool>> {

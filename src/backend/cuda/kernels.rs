@@ -16,17 +16,18 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 /// Kernel sources, concatenated in this order into one translation unit.
-const SOURCES: [(&str, &str); 6] = [
+const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     ("scan.cu", include_str!("../../../kernels/scan.cu")),
     ("radix.cu", include_str!("../../../kernels/radix.cu")),
     ("match.cu", include_str!("../../../kernels/match.cu")),
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
     ("compact.cu", include_str!("../../../kernels/compact.cu")),
+    ("filter.cu", include_str!("../../../kernels/filter.cu")),
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 48] = [
+pub(crate) const KERNEL_NAMES: [&str; 56] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -75,6 +76,14 @@ pub(crate) const KERNEL_NAMES: [&str; 48] = [
     "set_flags",
     "scatter_permutation",
     "sequence",
+    "compare_rows_i8",
+    "compare_rows_i16",
+    "compare_rows_i32",
+    "compare_rows_i64",
+    "compare_rows_u8",
+    "compare_rows_u16",
+    "compare_rows_u32",
+    "compare_rows_u64",
 ];
 
 /// The whole kernel source, with `#line` markers so that NVRTC's messages

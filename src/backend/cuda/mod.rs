@@ -5,6 +5,7 @@
 mod column;
 mod compaction;
 mod device;
+mod filter;
 mod kernels;
 mod matching;
 mod memory;
@@ -27,8 +28,8 @@ pub use matching::CudaHashTables;
 pub use memory::DeviceBuffer;
 
 use super::{
-    Admission, Candidates, DeviceCounters, Element, Fill, JoinBackend, PartitionSpec, SortSpec, Space, TransferMemory,
-    Transformed,
+    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, PartitionSpec, SortSpec,
+    Space, TransferMemory, Transformed,
 };
 use crate::config::GpuJoinConfig;
 use crate::keys::NormalizedKey;
@@ -289,6 +290,16 @@ impl JoinBackend for CudaBackend {
         out.copy_from(0, first, "concatenating positions")?;
         out.copy_from(first.len(), second, "concatenating positions")?;
         Ok(out)
+    }
+
+    fn compare_rows(
+        &self,
+        op: Comparison,
+        left: ColumnRows<'_, Self>,
+        right: ColumnRows<'_, Self>,
+        and: Option<&DeviceBuffer<u8>>,
+    ) -> Result<DeviceBuffer<u8>> {
+        self.compare_columns(op, left, right, and)
     }
 
     fn scatter_permutation(
