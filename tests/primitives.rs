@@ -18,8 +18,8 @@ use arrow::datatypes::{DataType, TimeUnit};
 use datafusion_gpu_join::backend::cpu::CpuBackend;
 use datafusion_gpu_join::backend::cuda::CudaBackend;
 use datafusion_gpu_join::backend::{
-    BackendHandle, Candidates, Comparison, DeviceCounters, JoinBackend, Layout, NULL_POSITION, PartitionSpec, SortSpec,
-    Space, Transformed,
+    BackendHandle, Candidates, Comparison, DeviceCounters, JoinBackend, Layout, MAX_CANDIDATES, NULL_POSITION,
+    PartitionSpec, SortSpec, Space, Transformed,
 };
 use datafusion_gpu_join::keys::NormalizedKey;
 use rand::rngs::StdRng;
@@ -217,12 +217,6 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
     let (cpu, tested) = (open::<CpuBackend>(&()), open::<B>(device));
     for &rows in &sizes() {
         for kind in [Keys::DenseUnique, Keys::FewDistinct, Keys::Skewed, Keys::WithUnmatchable] {
-            let (build_keys, build_payload) = (keys::<K>(rng, rows, kind), payload(rng, rows));
-            let probes: Vec<(Vec<K>, ArrayRef)> = [rows + rows / 3 + 1, rows / 16 + 1, rows / 16 + 1]
-                .into_iter()
-                .map(|probe_rows| (keys::<K>(rng, probe_rows, kind), payload(rng, probe_rows)))
-                .collect();
-            let bits = PartitionSpec::for_build_rows(rows, tested.partition_target_rows()).bits;
             // Repeated keys make (nearly) a cartesian product; keep it small.
             if matches!(kind, Keys::FewDistinct | Keys::Skewed) && rows > 1_000 {
                 continue;
@@ -232,6 +226,16 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
             if large && !matches!(kind, Keys::WithUnmatchable) {
                 continue;
             }
+            // A match makes at most MAX_CANDIDATES pairs (the operator
+            // joins larger probe chunks in pieces): a probe side of that
+            // many rows, of which about 0.64 match once here, stays below.
+            let probe_rows = |n: usize| n.min(MAX_CANDIDATES);
+            let (build_keys, build_payload) = (keys::<K>(rng, rows, kind), payload(rng, rows));
+            let probes: Vec<(Vec<K>, ArrayRef)> = [rows + rows / 3 + 1, rows / 16 + 1, rows / 16 + 1]
+                .into_iter()
+                .map(|n| (keys::<K>(rng, probe_rows(n), kind), payload(rng, probe_rows(n))))
+                .collect();
+            let bits = PartitionSpec::for_build_rows(rows, tested.partition_target_rows()).bits;
             let tight = Layout::Sorted(tight_sort(&[&build_keys, &probes[0].0, &probes[1].0, &probes[2].0]));
             let mut layouts = vec![Layout::Partitioned(PartitionSpec { bits }), tight];
             if !large {
