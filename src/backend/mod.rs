@@ -129,9 +129,10 @@ pub enum Comparison {
 }
 
 /// How the backend compares values of `data_type` in a join filter: as
-/// integers of `bytes` bytes, signed or not. `None` for types whose order
-/// is not their bits' (floats with NaN and signed zeros, decimals of other
-/// scales, strings): those filters stay with DataFusion's expression.
+/// integers of `bytes` bytes, signed or not. `None` for the other types:
+/// floats, whose order in Arrow is not their bits' (NaN, signed zeros),
+/// and decimals and strings, which no kernel compares; filters on them
+/// stay with DataFusion's expression.
 pub(crate) fn compared_integer(data_type: &DataType) -> Option<(bool, usize)> {
     match data_type {
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Some((true, value_width(data_type)?)),
