@@ -20,8 +20,8 @@ use super::phases::{find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, each_probe_row_once, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{
-    ColumnPlacement, PlacedColumns, SideView, columns_held, has_host_columns, place_columns, upload_columns,
-    upload_filter_columns,
+    ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, has_host_columns, place_columns,
+    upload_columns,
 };
 use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
@@ -293,18 +293,14 @@ pub fn prepare_build_side<B: JoinBackend>(
     // that work (a sample of scattered keys, mostly) leaves the memory
     // bandwidth the copies need.
     let (uploaded, keyed) = rayon::join(
-        || -> Result<_> {
-            let filter_columns = definition.pair_filter_columns(JoinSide::Left);
-            Ok((
-                upload_columns(backend, &rows, &definition.build_output_columns(), true)?,
-                upload_filter_columns(backend, &rows, &filter_columns)?,
-            ))
-        },
+        || upload_columns(backend, &rows, &definition.build_output_columns(), true),
         || encode_and_choose(backend, definition, &rows, ranges, profile),
     );
-    let ((uploaded, filter_columns), EncodedChoice { staged_keys, plan, keys }) = (uploaded?, keyed?);
+    let (uploaded, EncodedChoice { staged_keys, plan, keys }) = (uploaded?, keyed?);
     let (encoder, strategy) = (&plan.encoder, plan.choice.strategy);
-    let PlacedColumns { placements, to_transform } = uploaded.placed(strategy.build_space);
+    let placed = uploaded.placed(strategy.build_space);
+    let filter_columns = filter_columns(backend, &rows, &definition.pair_filter_columns(JoinSide::Left), &placed)?;
+    let PlacedColumns { placements, to_transform } = placed;
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
@@ -476,12 +472,13 @@ pub fn load_probe_chunk<B: JoinBackend>(
         }
     }
     // Columns first: their transfers run while the keys are encoded.
-    let PlacedColumns { placements, to_transform } = match columns {
+    let placed = match columns {
         ProbeColumns::Upload => place_columns(backend, &loaded.chunk, &definition.probe_output_columns(), true, space)?,
         ProbeColumns::AfterMatching => PlacedColumns { placements: vec![], to_transform: vec![] },
     };
     loaded.filter_columns =
-        upload_filter_columns(backend, &loaded.chunk, &definition.pair_filter_columns(JoinSide::Right))?;
+        filter_columns(backend, &loaded.chunk, &definition.pair_filter_columns(JoinSide::Right), &placed)?;
+    let PlacedColumns { placements, to_transform } = placed;
     loaded.keys = Some(upload_keys(backend, &plan.probe_encoder, &keys)?);
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, plan.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);

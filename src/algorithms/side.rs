@@ -149,12 +149,31 @@ impl<B: JoinBackend> SideView<'_, B> {
     }
 }
 
-/// The columns of a side the backend compares for the filter, uploaded in
-/// original row order.
-pub(crate) fn upload_filter_columns<B: JoinBackend>(
+impl<C: Clone> PlacedColumns<C> {
+    /// Column `index` in original row order, where it was uploaded: until
+    /// the side is transformed, a column to carry through the transform is
+    /// still in that order.
+    fn original(&self, index: usize) -> Option<&C> {
+        match self.placements.get(index)?.as_ref()? {
+            ColumnPlacement::Device(column) => Some(column),
+            ColumnPlacement::Transformed(payload) => self.to_transform.get(*payload),
+            ColumnPlacement::Host => None,
+        }
+    }
+}
+
+/// The columns of a side the backend compares for the filter, in original
+/// row order: those the output's placement uploaded shared, the others
+/// uploaded.
+pub(crate) fn filter_columns<B: JoinBackend>(
     backend: &B,
     rows: &HostRows,
     columns: &[usize],
+    placed: &PlacedColumns<B::Column>,
 ) -> Result<Vec<(usize, B::Column)>> {
-    columns.iter().map(|&i| Ok((i, rows.upload_column(backend, i)?))).collect()
+    let column = |i: usize| match placed.original(i) {
+        Some(column) => Ok(column.clone()),
+        None => rows.upload_column(backend, i),
+    };
+    columns.iter().map(|&i| Ok((i, column(i)?))).collect()
 }

@@ -350,8 +350,8 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     type Device: Send + Sync + Debug + Clone + 'static;
     /// A vector in backend memory.
     type Vector<T: Element>: Send + Sync;
-    /// A payload column in backend memory.
-    type Column: Send + Sync;
+    /// A payload column in backend memory. Clones share its memory.
+    type Column: Send + Sync + Clone;
     /// A set of per-position flags that several probe partitions may set
     /// concurrently (matched probe rows, visited build rows).
     type Flags: Send + Sync;
