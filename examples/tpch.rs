@@ -7,7 +7,7 @@
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
-//!     [--set NAME=VALUE ...]
+//!     [--placements] [--set NAME=VALUE ...]
 //! ```
 //!
 //! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated (in
@@ -33,7 +33,9 @@
 //! by run (each first every other time), checks that the rows are the same and
 //! prints each session's median planning time (SQL to the physical plan); `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
 //! strategy, the reason, and its metrics); `--plans` prints the whole
-//! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`. `--set` sets another of the GPU
+//! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`;
+//! `--placements` only plans each query and prints where its joins go,
+//! running none. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
 //! instance `--set probe_device_gather_ratio=0`, or, named in full, one of
 //! DataFusion's in both sessions (`--set
@@ -63,6 +65,7 @@ struct Args {
     compare: bool,
     explain: bool,
     plans: bool,
+    placements: bool,
     /// Where the Parquet files go; the tables are held in memory without it.
     parquet: Option<PathBuf>,
     /// Where TPC-DS's query files are; TPC-H runs without it.
@@ -84,6 +87,7 @@ fn parse_args() -> Result<Args> {
         compare: false,
         explain: false,
         plans: false,
+        placements: false,
         parquet: None,
         tpcds: None,
         settings: vec![],
@@ -111,6 +115,7 @@ fn parse_args() -> Result<Args> {
             "--compare" => args.compare = true,
             "--explain" => args.explain = true,
             "--plans" => args.plans = true,
+            "--placements" => args.placements = true,
             "--parquet" => args.parquet = Some(PathBuf::from(value()?)),
             "--tpcds" => args.tpcds = Some(PathBuf::from(value()?)),
             "--set" => {
@@ -305,6 +310,10 @@ async fn main() -> Result<()> {
     );
     let mut failures = vec![];
     for &query in &args.queries {
+        if args.placements {
+            println!("Q{query:02} {}", placements(&gpu, query, &args).await?);
+            continue;
+        }
         let sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
         let mut timings = match timed(&sessions, query, &args).await {
             Ok(timings) => timings.into_iter(),

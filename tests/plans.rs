@@ -389,6 +389,58 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
     }
 }
 
+/// A build side above a join, which DataFusion's statistics put at the
+/// smaller input's size (here 5 rows for 4,000), is not judged by that
+/// guess: the plan keeps the GPU join, and the rows as collected send it to
+/// the device. A build side whose rows the plan bounds (a filtered table)
+/// is still left to DataFusion at planning when even its bound is small.
+#[tokio::test]
+async fn a_build_side_above_a_join_is_judged_by_its_rows_as_collected() {
+    let config = || SessionConfig::new().with_target_partitions(4);
+    let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
+    for context in [&ctx, &reference] {
+        run(context, "CREATE TABLE w (wk INT, name VARCHAR) AS SELECT i, 'w' || i FROM generate_series(0, 4) t(i)")
+            .await;
+        run(
+            context,
+            "CREATE TABLE f (wk INT, ik INT, q INT) AS SELECT i % 5, i % 50, i FROM generate_series(1, 4000) t(i)",
+        )
+        .await;
+        run(context, "CREATE TABLE d (ik INT, label VARCHAR) AS SELECT i, 'i' || i FROM generate_series(0, 49) t(i)")
+            .await;
+    }
+    let sql = "SELECT b.name, d.label, b.q FROM (SELECT w.name, f.ik, f.q FROM w JOIN f ON w.wk = f.wk) b \
+               JOIN d ON b.ik = d.ik";
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let joins = gpu_joins(&plan);
+    assert_eq!(joins.len(), 2, "{}", displayable(plan.as_ref()).indent(true));
+    let statistics = PlanStatistics::default();
+    let upper = joins[1];
+    let build_estimate = statistics.of(upper.left()).and_then(|s| s.num_rows.get_value().copied());
+    assert!(
+        build_estimate.is_some_and(|rows| rows < 100),
+        "the statistics must underestimate the join below for this test: {build_estimate:?}, {}",
+        displayable(plan.as_ref()).indent(true)
+    );
+    assert_eq!(statistics.row_bound(upper.left()), None, "no bound above a join");
+    assert_eq!(statistics.row_bound(upper.right()), Some(50));
+
+    run(&ctx, "SET gpu_join.min_rows = 1000").await;
+    let analyzed = explain_analyze(&ctx, sql).await;
+    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+    assert!(line.contains("build_rows=4.00 K") && !line.contains("algorithm=DataFusion"), "{line}");
+    assert_eq!(sorted_rows(&run(&ctx, sql).await), sorted_rows(&run(&reference, sql).await));
+
+    // Bounded build sides: 5 + 50 rows at most, and the probe side's 4,000
+    // estimated, stay on DataFusion at planning below 4,055.
+    let decisions = ctx.gpu_join_decisions(sql).await.unwrap();
+    assert_eq!(decisions.len(), 2);
+    run(&ctx, "SET gpu_join.min_rows = 4056").await;
+    let decisions = ctx.gpu_join_decisions(sql).await.unwrap();
+    let below = decisions.iter().filter(|d| matches!(d.placement, Placement::NotOnGpu(NotOnGpu::BelowMinRows { .. })));
+    assert_eq!(below.count(), 1, "{decisions:?}");
+}
+
 /// A build side (a partition's, in `Partitioned` mode) with fewer rows than
 /// `gpu_join.min_build_rows` as collected is joined by DataFusion's
 /// operator, and EXPLAIN ANALYZE says why; at the limit the device joins it.

@@ -59,6 +59,9 @@ impl<'a> RuleContext<'a> {
             Ok(backend) => backend,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
+        if let Some(reason) = self.below_min_rows(join.left(), join.right()) {
+            return Ok(Assessment::Keep(reason));
+        }
         self.replace(join, relied, ReplacedOperator::HashJoin, backend)
     }
 
@@ -102,6 +105,13 @@ impl<'a> RuleContext<'a> {
         };
         let join_type = join.join_type();
         let swapped = ordered && SortMergeOrder::keeps_right_order(join_type);
+        let (build, probe) = match swapped {
+            true => (&right, &left),
+            false => (&left, &right),
+        };
+        if let Some(reason) = self.below_min_rows(build, probe) {
+            return Ok(Assessment::Keep(reason));
+        }
         // A swapped Right join keeps its columns in place by a projection.
         let projection = (swapped && join_type == JoinType::Right).then(|| (0..join.schema().fields().len()).collect());
         let twin = HashJoinExec::try_new(
@@ -134,7 +144,7 @@ impl<'a> RuleContext<'a> {
         Ok(Assessment::Replace(Arc::new(exec)))
     }
 
-    /// Checks shared by every join: enabled, a backend, key types, size.
+    /// Checks shared by every join: enabled, a backend, key types.
     fn common_checks(
         &mut self,
         left: &Arc<dyn ExecutionPlan>,
@@ -158,13 +168,20 @@ impl<'a> RuleContext<'a> {
                 return Ok(Err(NotOnGpu::UnsupportedKeyType(build)));
             }
         }
-        if let (Some(l), Some(r)) = (self.estimated_rows(left), self.estimated_rows(right)) {
-            let rows = l.saturating_add(r);
-            if rows < self.options.min_rows {
-                return Ok(Err(NotOnGpu::BelowMinRows { rows, min_rows: self.options.min_rows }));
-            }
-        }
         Ok(Ok(backend))
+    }
+
+    /// Why the join is too small for the device, if it is: below
+    /// `min_rows` with the build side as large as the plan lets it be and
+    /// the probe side as estimated. Once collected, the build side is
+    /// checked again with its rows (`GpuJoinExec`), so the plan leaves to
+    /// DataFusion only what that check would, whatever the build side
+    /// turns out to be; a build side above a join, whose estimate can be
+    /// millions of rows short, is left to that check.
+    fn below_min_rows(&self, build: &Arc<dyn ExecutionPlan>, probe: &Arc<dyn ExecutionPlan>) -> Option<NotOnGpu> {
+        let build_rows = self.statistics.row_bound(build)?.max(self.estimated_rows(build).unwrap_or(0));
+        let rows = build_rows.saturating_add(self.estimated_rows(probe)?);
+        (rows < self.options.min_rows).then_some(NotOnGpu::BelowMinRows { rows, min_rows: self.options.min_rows })
     }
 
     /// The backend for this session, found once per plan. An explicit

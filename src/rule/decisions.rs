@@ -30,7 +30,8 @@ pub enum NotOnGpu {
     KeyTypesDiffer { build: DataType, probe: DataType },
     /// A key type the GPU join does not handle.
     UnsupportedKeyType(DataType),
-    /// Estimated build plus probe rows are below `gpu_join.min_rows`.
+    /// The most rows the build side can have plus the probe side's
+    /// estimated rows are below `gpu_join.min_rows`.
     BelowMinRows { rows: usize, min_rows: usize },
     /// An ancestor relies on the sort-merge join's sorted output, and a key
     /// of this type does not sort on the GPU.
@@ -51,7 +52,7 @@ impl fmt::Display for NotOnGpu {
             }
             NotOnGpu::UnsupportedKeyType(t) => write!(f, "unsupported key type {t}"),
             NotOnGpu::BelowMinRows { rows, min_rows } => {
-                write!(f, "estimated {rows} rows, below gpu_join.min_rows = {min_rows}")
+                write!(f, "at most about {rows} rows, below gpu_join.min_rows = {min_rows}")
             }
             NotOnGpu::OrderingRelied(t) => {
                 write!(

@@ -12,6 +12,7 @@ use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use super::shape::{JoinShape, KeySample, estimate_keys, sample_rows};
@@ -86,6 +87,26 @@ impl PlanStatistics {
     pub fn of(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
         self.asked.borrow_mut().push(Arc::clone(plan));
         self.context.compute(plan.as_ref(), &StatisticsArgs::new()).ok()
+    }
+
+    /// The most rows `plan` can give, where that is known: a table's rows
+    /// (a filter pushed into its scan only drops rows), carried up through
+    /// the operators DataFusion says give at most one row per row read
+    /// (filters, projections, repartitions, sorts, aggregates, limits).
+    /// `None` above a join or anything else that can make more rows than it
+    /// reads: there statistics are a guess, even where marked exact. The
+    /// guess for an equi-join without distinct counts is the smaller
+    /// input's rows, which puts a fact table joined with a dimension at the
+    /// dimension's size.
+    pub fn row_bound(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+        let children = plan.children();
+        if children.is_empty() {
+            return self.of(plan)?.num_rows.get_value().copied();
+        }
+        match (plan.cardinality_effect(), children.as_slice()) {
+            (CardinalityEffect::Equal | CardinalityEffect::LowerEqual, [input]) => self.row_bound(input),
+            _ => None,
+        }
     }
 }
 
