@@ -441,6 +441,30 @@ async fn a_build_side_above_a_join_is_judged_by_its_rows_as_collected() {
     assert_eq!(below.count(), 1, "{decisions:?}");
 }
 
+/// The most rows a plan can give adds up a union's inputs, and counts an
+/// aggregate over grouping sets once per set for each row it reads: a
+/// rollup gives more rows than it reads, which a bound of its input's rows
+/// would leave a join above it to DataFusion for.
+#[tokio::test]
+async fn row_bounds_add_up_unions_and_count_grouping_sets() {
+    let ctx = datafusion_context(SessionConfig::new().with_target_partitions(3));
+    run(&ctx, "CREATE TABLE a (k INT, g INT) AS SELECT i, i % 3 FROM generate_series(1, 100) t(i)").await;
+    run(&ctx, "CREATE TABLE b (k INT, g INT) AS SELECT i, i % 7 FROM generate_series(1, 40) t(i)").await;
+    let statistics = PlanStatistics::default();
+    for (sql, bound) in [
+        ("SELECT k FROM a UNION ALL SELECT k FROM b", 140),
+        ("SELECT k, g FROM a WHERE g = 1 UNION ALL SELECT k, g FROM b UNION ALL SELECT k, g FROM a", 240),
+        ("SELECT k, g, count(*) FROM a GROUP BY ROLLUP (k, g)", 100 * 3),
+        ("SELECT g, count(*) FROM a GROUP BY CUBE (k, g)", 100 * 4),
+    ] {
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let rows = total_rows(&collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap());
+        let found = statistics.row_bound(&plan);
+        assert!(found.is_some_and(|found| found >= rows), "{sql}: {found:?} for {rows} rows");
+        assert!(found.is_some_and(|found| found <= bound), "{sql}: {found:?}, expected at most {bound}");
+    }
+}
+
 /// A build side (a partition's, in `Partitioned` mode) with fewer rows than
 /// `gpu_join.min_build_rows` as collected is joined by DataFusion's
 /// operator, and EXPLAIN ANALYZE says why; at the limit the device joins it.

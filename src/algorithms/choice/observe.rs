@@ -12,8 +12,10 @@ use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 
 use super::shape::{JoinShape, KeySample, estimate_keys, sample_rows};
 use crate::algorithms::{JoinDefinition, OutputColumn};
@@ -92,19 +94,28 @@ impl PlanStatistics {
     /// The most rows `plan` can give, where that is known: a table's rows
     /// (a filter pushed into its scan only drops rows), carried up through
     /// the operators DataFusion says give at most one row per row read
-    /// (filters, projections, repartitions, sorts, aggregates, limits).
-    /// `None` above a join or anything else that can make more rows than it
-    /// reads: there statistics are a guess, even where marked exact. The
-    /// guess for an equi-join without distinct counts is the smaller
-    /// input's rows, which puts a fact table joined with a dimension at the
-    /// dimension's size.
+    /// (filters, projections, repartitions, sorts, aggregates, limits) and
+    /// added up through unions. `None` above a join or anything else that
+    /// can make more rows than it reads: there statistics are a guess, even
+    /// where marked exact. The guess for an equi-join without distinct
+    /// counts is the smaller input's rows, which puts a fact table joined
+    /// with a dimension at the dimension's size.
     pub fn row_bound(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         let children = plan.children();
         if children.is_empty() {
             return self.of(plan)?.num_rows.get_value().copied();
         }
+        if plan.is::<UnionExec>() || plan.is::<InterleaveExec>() {
+            return children.iter().try_fold(0usize, |rows, input| Some(rows.saturating_add(self.row_bound(input)?)));
+        }
+        // DataFusion counts an aggregate as giving at most a row per row
+        // read, but over grouping sets (ROLLUP, CUBE) each row read is
+        // grouped once per set.
+        let per_row_read = plan.downcast_ref::<AggregateExec>().map_or(1, |a| a.group_expr().groups().len().max(1));
         match (plan.cardinality_effect(), children.as_slice()) {
-            (CardinalityEffect::Equal | CardinalityEffect::LowerEqual, [input]) => self.row_bound(input),
+            (CardinalityEffect::Equal | CardinalityEffect::LowerEqual, [input]) => {
+                Some(self.row_bound(input)?.saturating_mul(per_row_read))
+            }
             _ => None,
         }
     }
