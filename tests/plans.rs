@@ -706,9 +706,10 @@ async fn sort_merge_join_order_is_kept_without_its_sorts() {
 /// above must not repeat them once per batch when it concatenates them.
 /// Joins left to DataFusion's operator (build sides below
 /// `min_build_rows`) hand it their build side as one batch that keeps each
-/// buffer once, where DataFusion's own plan repeats them once per batch of
-/// each join's build side: their output holds a tenth of the buffers of
-/// DataFusion's plan's, or fewer.
+/// buffer once, read whole (not cut into slices of `batch_size`, which the
+/// operator would concatenate with every buffer once per slice), where
+/// DataFusion's own plan repeats them once per batch of each join's build
+/// side: their output holds a few buffers of the operator's own.
 /// One collected into a single build side instead of DataFusion's
 /// `Partitioned` plan compacts them: each output batch holds only the
 /// bytes of its own strings.
@@ -740,15 +741,18 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
         assert_eq!(analyzed.matches("algorithm=DataFusion").count(), on_datafusion, "{analyzed}");
         let batches = run(&gpu, query).await;
         assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "min_build_rows = {min_build_rows}");
+        // DataFusion's plan itself repeats them: 43,711 buffers in one
+        // batch. Its operator, given each build side as one batch with
+        // every buffer once, coalesces its output into buffers of its own
+        // (6 in one batch); given that batch cut into slices of
+        // `batch_size`, it held 378.
         let most = buffers(&batches);
-        match on_datafusion {
-            0 => assert!(most <= names, "{most} data buffers in one output batch; the names came in {names}"),
-            // DataFusion's plan itself repeats them: 43,711 buffers in one
-            // batch for names that came in 5. Its operator, given each
-            // build side's buffers once, still spreads the strings it
-            // gathers over buffers of its own.
-            _ => assert!(10 * most < buffers(&expected), "{most} buffers, DataFusion's plan {}", buffers(&expected)),
-        }
+        let bound = match on_datafusion {
+            0 => names,
+            _ => 16,
+        };
+        assert!(most <= bound, "{most} data buffers in one output batch; the names came in {names}");
+        assert!(10 * most < buffers(&expected), "{most} buffers, DataFusion's plan {}", buffers(&expected));
     }
     let query = "SELECT s.name, i.ik FROM supplier s JOIN item i ON s.sk = i.sk";
     for sql in [
