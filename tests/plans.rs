@@ -398,17 +398,7 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
 async fn a_build_side_above_a_join_is_judged_by_its_rows_as_collected() {
     let config = || SessionConfig::new().with_target_partitions(4);
     let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-    for context in [&ctx, &reference] {
-        run(context, "CREATE TABLE w (wk INT, name VARCHAR) AS SELECT i, 'w' || i FROM generate_series(0, 4) t(i)")
-            .await;
-        run(
-            context,
-            "CREATE TABLE f (wk INT, ik INT, q INT) AS SELECT i % 5, i % 50, i FROM generate_series(1, 4000) t(i)",
-        )
-        .await;
-        run(context, "CREATE TABLE d (ik INT, label VARCHAR) AS SELECT i, 'i' || i FROM generate_series(0, 49) t(i)")
-            .await;
-    }
+    create_warehouse_facts([&ctx, &reference]).await;
     let sql = "SELECT b.name, d.label, b.q FROM (SELECT w.name, f.ik, f.q FROM w JOIN f ON w.wk = f.wk) b \
                JOIN d ON b.ik = d.ik";
     let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
@@ -441,6 +431,23 @@ async fn a_build_side_above_a_join_is_judged_by_its_rows_as_collected() {
     assert_eq!(below.count(), 1, "{decisions:?}");
 }
 
+/// Five warehouses (`w`), 4,000 facts (`f`) and 50 items (`d`) in each
+/// context: a fact table joined with a dimension so small that
+/// DataFusion's statistics put the join at the dimension's rows.
+async fn create_warehouse_facts(contexts: [&SessionContext; 2]) {
+    for context in contexts {
+        run(context, "CREATE TABLE w (wk INT, name VARCHAR) AS SELECT i, 'w' || i FROM generate_series(0, 4) t(i)")
+            .await;
+        run(
+            context,
+            "CREATE TABLE f (wk INT, ik INT, q INT) AS SELECT i % 5, i % 50, i FROM generate_series(1, 4000) t(i)",
+        )
+        .await;
+        run(context, "CREATE TABLE d (ik INT, label VARCHAR) AS SELECT i, 'i' || i FROM generate_series(0, 49) t(i)")
+            .await;
+    }
+}
+
 /// A join whose build side lies above a join, whose estimate says the join
 /// is small, is left to be judged by its rows as collected, and keeps the
 /// shape DataFusion planned: should its build side go to DataFusion's
@@ -457,17 +464,7 @@ async fn a_join_sized_at_run_time_keeps_datafusions_partitions() {
         config
     };
     let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-    for context in [&ctx, &reference] {
-        run(context, "CREATE TABLE w (wk INT, name VARCHAR) AS SELECT i, 'w' || i FROM generate_series(0, 4) t(i)")
-            .await;
-        run(
-            context,
-            "CREATE TABLE f (wk INT, ik INT, q INT) AS SELECT i % 5, i % 50, i FROM generate_series(1, 4000) t(i)",
-        )
-        .await;
-        run(context, "CREATE TABLE d (ik INT, label VARCHAR) AS SELECT i, 'i' || i FROM generate_series(0, 49) t(i)")
-            .await;
-    }
+    create_warehouse_facts([&ctx, &reference]).await;
     let sql = "SELECT b.name, d.label, b.q FROM (SELECT w.name, f.ik, f.q FROM w JOIN f ON w.wk = f.wk) b \
                LEFT JOIN d ON b.ik = d.ik";
     run(&ctx, "SET gpu_join.min_rows = 1000").await;
