@@ -124,7 +124,7 @@ pub(super) fn hash_join_over(
 /// with each buffer once per slice: a build side concatenated into one
 /// batch (its shared buffers kept once) would come back to the operator as
 /// hundreds of copies of its buffer list (TPC-DS Q20 at scale factor 10:
-/// twice DataFusion's time).
+/// 2.7 times DataFusion's time on the H100).
 #[derive(Debug)]
 struct HeldBatches {
     schema: SchemaRef,
