@@ -477,9 +477,12 @@ async fn a_join_sized_at_run_time_keeps_datafusions_partitions() {
     assert_eq!(large, [(JoinType::Inner, PartitionMode::CollectLeft)], "{text}");
     let (joins, text) = modes(sql).await;
     assert_eq!(joins.last(), Some(&(JoinType::Left, PartitionMode::Partitioned)), "{text}");
+    // The join below the left join keeps the partitions the left join
+    // relies on, so with no more build rows than `w`'s 5 it is not replaced.
     run(&ctx, "SET gpu_join.min_build_rows = 1000000").await;
     let analyzed = explain_analyze(&ctx, sql).await;
-    assert_eq!(analyzed.matches("algorithm=DataFusion").count(), 2, "{analyzed}");
+    assert_eq!(analyzed.matches("algorithm=DataFusion, mode=Partitioned").count(), 1, "{analyzed}");
+    assert_eq!(analyzed.matches("HashJoinExec: mode=Partitioned").count(), 1, "{analyzed}");
     assert_eq!(sorted_rows(&run(&ctx, sql).await), sorted_rows(&run(&reference, sql).await));
 }
 
@@ -540,6 +543,46 @@ async fn a_small_build_side_is_left_to_datafusion() {
             assert_eq!(line.contains(&reason), on_datafusion, "{line}");
             assert_eq!(line.contains("algorithm=DataFusion"), on_datafusion, "{line}");
             assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "{mode}, min_build_rows = {min_build_rows}");
+        }
+    }
+}
+
+/// A join whose build side can have fewer rows than `min_build_rows` at
+/// most is not replaced where the GPU join would keep DataFusion's shape
+/// (here `CollectLeft`): DataFusion's operator would join it as collected
+/// anyway. Planned `Partitioned`, it is replaced: its build side goes to
+/// DataFusion's operator as one, and the probe side keeps its partitions
+/// instead of being hash-repartitioned.
+#[tokio::test]
+async fn a_build_side_that_cannot_reach_min_build_rows_is_not_replaced() {
+    let partitioned = [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+    ];
+    let sql = "SELECT s.k, t.v FROM s JOIN t ON s.k = t.k";
+    for (settings, mode) in [(&[][..], PartitionMode::CollectLeft), (&partitioned[..], PartitionMode::Partitioned)] {
+        let config = || SessionConfig::new().with_target_partitions(4);
+        let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
+        for context in [&ctx, &reference] {
+            for setting in settings {
+                run(context, setting).await;
+            }
+            run(context, "CREATE TABLE s (k INT) AS SELECT i FROM generate_series(1, 100) t(i)").await;
+            run(context, "CREATE TABLE t (k INT, v INT) AS SELECT i % 300, i FROM generate_series(1, 5000) t(i)").await;
+        }
+        let expected = sorted_rows(&run(&reference, sql).await);
+        for min_build_rows in [101, 100] {
+            run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+            let decisions = ctx.gpu_join_decisions(sql).await.unwrap();
+            let kept = Placement::NotOnGpu(NotOnGpu::BelowMinBuildRows { rows: 100, min_build_rows });
+            let replaced = min_build_rows == 100 || mode == PartitionMode::Partitioned;
+            assert_eq!(decisions[0].placement != kept, replaced, "{mode:?}, {min_build_rows}: {}", decisions[0]);
+            let analyzed = explain_analyze(&ctx, sql).await;
+            assert_eq!(analyzed.contains("GpuJoinExec"), replaced, "{analyzed}");
+            let left_to_datafusion = min_build_rows > 100;
+            assert_eq!(analyzed.contains("algorithm=DataFusion"), replaced && left_to_datafusion, "{analyzed}");
+            assert!(!analyzed.contains("RepartitionExec: partitioning=Hash") || !replaced, "{analyzed}");
+            assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "{mode:?}, min_build_rows = {min_build_rows}");
         }
     }
 }
@@ -732,9 +775,12 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
     };
     let names = buffers(&run(&cpu, "SELECT name FROM supplier").await);
     let expected = run(&cpu, query).await;
-    for (min_build_rows, on_datafusion) in [(0, 0), (1 << 20, 3)] {
+    // At 2^20 the supplier join (300 build rows at most) is not replaced,
+    // and the two above are left to DataFusion's operator as collected.
+    for (min_build_rows, gpu_joins, on_datafusion) in [(0, 3, 0), (1 << 20, 2, 2)] {
         run(&gpu, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
         let analyzed = explain_analyze(&gpu, query).await;
+        assert_eq!(analyzed.matches("GpuJoinExec").count(), gpu_joins, "{analyzed}");
         assert_eq!(analyzed.matches("algorithm=DataFusion").count(), on_datafusion, "{analyzed}");
         let batches = run(&gpu, query).await;
         assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "min_build_rows = {min_build_rows}");

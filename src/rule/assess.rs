@@ -71,34 +71,56 @@ impl<'a> RuleContext<'a> {
             Ok(backend) => backend,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
+        let reshaped = self.one_build_side(join, relied)?;
+        if reshaped.is_none()
+            && let Some(reason) = self.below_min_build_rows(join.left())
+        {
+            return Ok(Assessment::Keep(reason));
+        }
         let size = match self.planned_size(join.left(), join.right()) {
             PlannedSize::Small(reason) => return Ok(Assessment::Keep(reason)),
             size => size,
         };
-        self.replace(join, relied, ReplacedOperator::HashJoin, backend, size)
+        self.replace(join, reshaped, ReplacedOperator::HashJoin, backend, size)
     }
 
-    /// The GPU join for `join`, with one build side where nothing above
-    /// relies on the join's partitioning and the join is large by the
-    /// plan. One that may well be small keeps DataFusion's shape: where its
-    /// build side goes to DataFusion's operator, that operator then runs as
-    /// DataFusion planned it, a `Partitioned` join in parallel (collected
-    /// into one build side, a left join's unmatched rows all leave from one
-    /// partition, and the aggregation above runs on one core: TPC-DS Q75 at
-    /// scale factor 10 took 2.4 times DataFusion's time so on the H100).
+    /// `join` in `CollectLeft` mode without its hash repartitions, where
+    /// the options allow it and nothing above relies on its partitioning.
+    fn one_build_side(&self, join: &HashJoinExec, relied: Relied) -> Result<Option<HashJoinExec>> {
+        match self.options.collect_build_side && !relied.partitioning {
+            true => with_one_build_side(join),
+            false => Ok(None),
+        }
+    }
+
+    /// Why a join stays DataFusion's whose build side cannot reach
+    /// `min_build_rows`: the GPU join would only collect it and hand it to
+    /// DataFusion's operator, in the same shape, while its probe partitions
+    /// read ahead and hold their input (the whole probe side, where the
+    /// build side is a filtered dimension table).
+    fn below_min_build_rows(&self, build: &Arc<dyn ExecutionPlan>) -> Option<NotOnGpu> {
+        let min_build_rows = self.options.min_build_rows;
+        let rows = self.statistics.row_bound(build)?;
+        (rows < min_build_rows).then_some(NotOnGpu::BelowMinBuildRows { rows, min_build_rows })
+    }
+
+    /// The GPU join for `join`, as `reshaped` (one build side) where the
+    /// join is large by the plan. One that may well be small keeps
+    /// DataFusion's shape: where its build side goes to DataFusion's
+    /// operator, that operator then runs as DataFusion planned it, a
+    /// `Partitioned` join in parallel (collected into one build side, a
+    /// left join's unmatched rows all leave from one partition, and the
+    /// aggregation above runs on one core: TPC-DS Q75 at scale factor 10
+    /// took 2.4 times DataFusion's time so on the H100).
     fn replace(
         &self,
         join: &HashJoinExec,
-        relied: Relied,
+        reshaped: Option<HashJoinExec>,
         replaces: ReplacedOperator,
         backend: BackendHandle,
         size: PlannedSize,
     ) -> Result<Assessment> {
-        let one_build_side = self.options.collect_build_side && !relied.partitioning && size == PlannedSize::Large;
-        let reshaped = match one_build_side {
-            true => with_one_build_side(join)?,
-            false => None,
-        };
+        let reshaped = reshaped.filter(|_| size == PlannedSize::Large);
         let gpu_join =
             |join| GpuJoinExec::try_new_ordered(join, backend, self.options, replaces, None, &self.statistics);
         let exec = match reshaped {
@@ -148,7 +170,8 @@ impl<'a> RuleContext<'a> {
             false,
         )?;
         if !ordered {
-            return self.replace(&twin, relied, ReplacedOperator::SortMergeJoin, backend, size);
+            let reshaped = self.one_build_side(&twin, relied)?;
+            return self.replace(&twin, reshaped, ReplacedOperator::SortMergeJoin, backend, size);
         }
         let twin = match swapped {
             true => swapped_sides(&twin)?,

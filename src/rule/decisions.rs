@@ -33,6 +33,11 @@ pub enum NotOnGpu {
     /// The most rows the build side can have plus the probe side's
     /// estimated rows are below `gpu_join.min_rows`.
     BelowMinRows { rows: usize, min_rows: usize },
+    /// The build side can have no more rows than this, below
+    /// `gpu_join.min_build_rows`, and the GPU join would run the join in
+    /// the shape DataFusion planned it: DataFusion's operator would join it
+    /// as collected anyway.
+    BelowMinBuildRows { rows: usize, min_build_rows: usize },
     /// An ancestor relies on the sort-merge join's sorted output, and a key
     /// of this type does not sort on the GPU.
     OrderingRelied(DataType),
@@ -53,6 +58,9 @@ impl fmt::Display for NotOnGpu {
             NotOnGpu::UnsupportedKeyType(t) => write!(f, "unsupported key type {t}"),
             NotOnGpu::BelowMinRows { rows, min_rows } => {
                 write!(f, "at most about {rows} rows, below gpu_join.min_rows = {min_rows}")
+            }
+            NotOnGpu::BelowMinBuildRows { rows, min_build_rows } => {
+                write!(f, "at most {rows} build rows, below gpu_join.min_build_rows = {min_build_rows}")
             }
             NotOnGpu::OrderingRelied(t) => {
                 write!(
