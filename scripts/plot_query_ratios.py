@@ -18,6 +18,9 @@ series. A query is a number (shown as Q1, Q2, ...) or a label of its own
     python3 scripts/plot_query_ratios.py docs/data/tpcds-sf10-h100-2026-11-26.csv docs/tpcds-sf10-h100-2026-11-26.png \
         "TPC-DS SF 10 in memory on the H100 machine, a session's defaults, sessions taking turns" \
         "before: faaa24d" "after: 40d6974"
+    python3 scripts/plot_query_ratios.py docs/data/tpcds-sf10-h100-2026-11-26-c73c8f6.csv docs/tpcds-sf10-ab-h100-2026-11-26.png \
+        "TPC-DS SF 10 on the H100: joins whose build side cannot reach min_build_rows, wrapped (8008554) or left as planned (c73c8f6), two rounds" \
+        "A/B round 1: before" "A/B round 1: after" "A/B round 2: after" "A/B round 2: before"
     python3 scripts/plot_query_ratios.py docs/data/tpcds-parquet-sf10-h100-2026-11-25.csv docs/tpcds-parquet-sf10-h100.png \
         "TPC-DS SF 10 from Parquet on the H100 machine, a session's defaults, sessions taking turns" \
         "before: 9c90254" "after: 3c23cf0"
