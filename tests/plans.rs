@@ -93,13 +93,8 @@ async fn every_join_type_is_planned_on_the_gpu_join() {
     // The planner builds on the smaller side, so each query runs both ways,
     // in CollectLeft mode and then in Partitioned mode.
     let mut types = BTreeSet::new();
-    let partitioned = [
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-        "SET datafusion.optimizer.join_reordering = false",
-    ];
     for (a, b, settings) in
-        [("l", "big", &[][..]), ("big", "l", &[]), ("l", "big", &partitioned), ("big", "l", &partitioned)]
+        [("l", "big", &[][..]), ("big", "l", &[]), ("l", "big", &PARTITIONED), ("big", "l", &PARTITIONED)]
     {
         for setting in settings {
             run(&ctx, setting).await;
@@ -326,16 +321,11 @@ async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
 /// partition modes, for a join that emits build rows too.
 #[tokio::test]
 async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
-    let partitioned = [
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-        "SET datafusion.optimizer.join_reordering = false",
-    ];
     for (join, settings, mode) in [
         ("JOIN", &[][..], "CollectLeft"),
         ("LEFT JOIN", &[], "CollectLeft"),
-        ("JOIN", &partitioned[..], "Partitioned"),
-        ("LEFT JOIN", &partitioned, "Partitioned"),
+        ("JOIN", &PARTITIONED[..], "Partitioned"),
+        ("LEFT JOIN", &PARTITIONED, "Partitioned"),
     ] {
         let config = || SessionConfig::new().with_target_partitions(4);
         let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
@@ -510,28 +500,40 @@ async fn row_bounds_add_up_unions_and_count_grouping_sets() {
     }
 }
 
+/// DataFusion's settings that plan equi-joins `Partitioned` however small,
+/// each side where the query puts it.
+const PARTITIONED: [&str; 3] = [
+    "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+    "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+    "SET datafusion.optimizer.join_reordering = false",
+];
+
+/// A GPU session and DataFusion's, of 4 partitions, each given `settings`
+/// and then `tables`.
+async fn four_partition_sessions(settings: &[&str], tables: &[&str]) -> (SessionContext, SessionContext) {
+    let config = || SessionConfig::new().with_target_partitions(4);
+    let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
+    for context in [&ctx, &reference] {
+        for sql in settings.iter().chain(tables) {
+            run(context, sql).await;
+        }
+    }
+    (ctx, reference)
+}
+
 /// A build side (a partition's, in `Partitioned` mode) with fewer rows than
 /// `gpu_join.min_build_rows` as collected is joined by DataFusion's
 /// operator, and EXPLAIN ANALYZE says why; at the limit the device joins it.
 #[tokio::test]
 async fn a_small_build_side_is_left_to_datafusion() {
-    let partitioned = [
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-        "SET datafusion.optimizer.join_reordering = false",
-    ];
     let sql = "SELECT b.k, count(*), sum(p.w) FROM (SELECT k, z FROM f WHERE z % 100 = 0) b JOIN p ON b.k = p.k \
                GROUP BY b.k";
-    for (settings, mode) in [(&partitioned[..], "Partitioned"), (&[][..], "CollectLeft")] {
-        let config = || SessionConfig::new().with_target_partitions(4);
-        let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-        for context in [&ctx, &reference] {
-            for setting in settings {
-                run(context, setting).await;
-            }
-            run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
-            run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
-        }
+    let tables = [
+        "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)",
+        "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)",
+    ];
+    for (settings, mode) in [(&PARTITIONED[..], "Partitioned"), (&[][..], "CollectLeft")] {
+        let (ctx, reference) = four_partition_sessions(settings, &tables).await;
         let expected = sorted_rows(&run(&reference, sql).await);
         // 40 build rows in all; each of the 4 partitions has fewer.
         for (min_build_rows, on_datafusion) in [(41, true), (40, mode == "Partitioned"), (0, false)] {
@@ -555,21 +557,13 @@ async fn a_small_build_side_is_left_to_datafusion() {
 /// instead of being hash-repartitioned.
 #[tokio::test]
 async fn a_build_side_that_cannot_reach_min_build_rows_is_not_replaced() {
-    let partitioned = [
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-    ];
     let sql = "SELECT s.k, t.v FROM s JOIN t ON s.k = t.k";
-    for (settings, mode) in [(&[][..], PartitionMode::CollectLeft), (&partitioned[..], PartitionMode::Partitioned)] {
-        let config = || SessionConfig::new().with_target_partitions(4);
-        let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-        for context in [&ctx, &reference] {
-            for setting in settings {
-                run(context, setting).await;
-            }
-            run(context, "CREATE TABLE s (k INT) AS SELECT i FROM generate_series(1, 100) t(i)").await;
-            run(context, "CREATE TABLE t (k INT, v INT) AS SELECT i % 300, i FROM generate_series(1, 5000) t(i)").await;
-        }
+    let tables = [
+        "CREATE TABLE s (k INT) AS SELECT i FROM generate_series(1, 100) t(i)",
+        "CREATE TABLE t (k INT, v INT) AS SELECT i % 300, i FROM generate_series(1, 5000) t(i)",
+    ];
+    for (settings, mode) in [(&[][..], PartitionMode::CollectLeft), (&PARTITIONED[..], PartitionMode::Partitioned)] {
+        let (ctx, reference) = four_partition_sessions(settings, &tables).await;
         let expected = sorted_rows(&run(&reference, sql).await);
         for min_build_rows in [101, 100] {
             run(&ctx, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
