@@ -96,8 +96,9 @@ impl<'a> RuleContext<'a> {
     /// Why a join stays DataFusion's whose build side cannot reach
     /// `min_build_rows`: the GPU join would only collect it and hand it to
     /// DataFusion's operator, in the same shape, while its probe partitions
-    /// read ahead and hold their input (the whole probe side, where the
-    /// build side is a filtered dimension table).
+    /// read their input ahead and hold it (TPC-DS Q5 at scale factor 10,
+    /// two such joins of 15 build rows: 1.15 and 1.23 times DataFusion's
+    /// time on the H100 so, 0.99 and 0.79 with the joins left as planned).
     fn below_min_build_rows(&self, build: &Arc<dyn ExecutionPlan>) -> Option<NotOnGpu> {
         let min_build_rows = self.options.min_build_rows;
         let rows = self.statistics.row_bound(build)?;
