@@ -327,16 +327,7 @@ async fn a_build_side_smaller_than_estimated_is_left_to_datafusion() {
         ("JOIN", &PARTITIONED[..], "Partitioned"),
         ("LEFT JOIN", &PARTITIONED, "Partitioned"),
     ] {
-        let config = || SessionConfig::new().with_target_partitions(4);
-        let (ctx, reference) = (gpu_context(config()), datafusion_context(config()));
-        for setting in settings {
-            run(&ctx, setting).await;
-            run(&reference, setting).await;
-        }
-        for context in [&ctx, &reference] {
-            run(context, "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)").await;
-            run(context, "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)").await;
-        }
+        let (ctx, reference) = four_partition_sessions(settings, &FACTS_AND_PARTS).await;
         // 40 rows pass the filter; statistics cannot tell how many. Grouping
         // by the key keeps a `Partitioned` join partitioned.
         let sql = format!(
@@ -508,6 +499,13 @@ const PARTITIONED: [&str; 3] = [
     "SET datafusion.optimizer.join_reordering = false",
 ];
 
+/// 4,000 facts (`f`) over 7 keys, 40 of them passing `z % 100 = 0`, and
+/// 2,000 parts (`p`) over 11 keys.
+const FACTS_AND_PARTS: [&str; 2] = [
+    "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)",
+    "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)",
+];
+
 /// A GPU session and DataFusion's, of 4 partitions, each given `settings`
 /// and then `tables`.
 async fn four_partition_sessions(settings: &[&str], tables: &[&str]) -> (SessionContext, SessionContext) {
@@ -528,12 +526,8 @@ async fn four_partition_sessions(settings: &[&str], tables: &[&str]) -> (Session
 async fn a_small_build_side_is_left_to_datafusion() {
     let sql = "SELECT b.k, count(*), sum(p.w) FROM (SELECT k, z FROM f WHERE z % 100 = 0) b JOIN p ON b.k = p.k \
                GROUP BY b.k";
-    let tables = [
-        "CREATE TABLE f (k INT, z INT) AS SELECT i % 7, i FROM generate_series(1, 4000) t(i)",
-        "CREATE TABLE p (k INT, w INT) AS SELECT i % 11, i FROM generate_series(1, 2000) t(i)",
-    ];
     for (settings, mode) in [(&PARTITIONED[..], "Partitioned"), (&[][..], "CollectLeft")] {
-        let (ctx, reference) = four_partition_sessions(settings, &tables).await;
+        let (ctx, reference) = four_partition_sessions(settings, &FACTS_AND_PARTS).await;
         let expected = sorted_rows(&run(&reference, sql).await);
         // 40 build rows in all; each of the 4 partitions has fewer.
         for (min_build_rows, on_datafusion) in [(41, true), (40, mode == "Partitioned"), (0, false)] {
@@ -792,10 +786,7 @@ async fn string_views_carried_through_joined_joins_stay_compact() {
         assert!(10 * most < buffers(&expected), "{most} buffers, DataFusion's plan {}", buffers(&expected));
     }
     let query = "SELECT s.name, i.ik FROM supplier s JOIN item i ON s.sk = i.sk";
-    for sql in [
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-    ] {
+    for sql in &PARTITIONED[..2] {
         run(&gpu, sql).await;
     }
     let analyzed = explain_analyze(&gpu, query).await;
