@@ -14,6 +14,7 @@
 //! `gpu_join.min_build_rows`, whose hash table DataFusion probes from the
 //! CPU's caches faster than the probe side crosses PCIe.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{Schema, SchemaRef};
@@ -37,7 +38,7 @@ use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_into_passes};
 use super::probe_yield::ProbeYield;
 use super::read_ahead::ProbeSlots;
-use super::runner::{PartitionInputs, RowsIn};
+use super::runner::PartitionInputs;
 use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{
@@ -193,7 +194,7 @@ async fn collect_input(
     context: &Arc<TaskContext>,
     reservation: &Arc<MemoryReservation>,
     keys: &[PhysicalExprRef],
-    rows_in: Arc<RowsIn>,
+    rows_in: Arc<AtomicUsize>,
 ) -> Result<(Vec<RecordBatch>, Option<KeyRanges>)> {
     let (plan, partitions) = match left.downcast_ref::<CoalescePartitionsExec>() {
         Some(coalesce) if coalesce.fetch().is_none() => {
@@ -210,7 +211,7 @@ async fn collect_input(
                     .try_fold((vec![], None), |(mut batches, ranges): Collected, batch| {
                         let collected = reservation.try_grow(batch.get_array_memory_size()).and_then(|_| {
                             let piece = KeyRanges::of_piece(&evaluate_keys(&keys, &batch)?);
-                            rows_in.add(batch.num_rows());
+                            rows_in.fetch_add(batch.num_rows(), Ordering::Relaxed);
                             batches.push(batch);
                             Ok((batches, merge_ranges(ranges, Some(piece))))
                         });
@@ -293,7 +294,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
         partition: usize,
-        rows_in: Arc<RowsIn>,
+        rows_in: Arc<AtomicUsize>,
     ) -> Result<PendingBuild<B>> {
         let timer = inputs.metrics.build_collect_time.timer();
         let counters = Arc::new(DeviceCounters::default());

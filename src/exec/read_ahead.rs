@@ -11,9 +11,7 @@
 //! `Partitioned` mode the probe input is a hash repartition of every probe
 //! partition, and reading it ahead slowed the build sides' scan in Q12
 //! (docs/benchmarks.md); a larger build side goes to the device, which
-//! waits for its collection. Where an empty build side makes the join
-//! empty, reading begins only once the build side has a row: DataFusion's
-//! operator never reads the probe input of such a join.
+//! waits for its collection.
 //!
 //! The rows read ahead go on to whatever joins the partition: the device
 //! pipeline, or DataFusion's operator, which reads them through
@@ -36,28 +34,26 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 
 /// What `waiting` gives, and the probe input with the rows read while it
-/// ran first. Reading begins once `start` resolves, and stops at
-/// `limit_rows` rows, once `worth_it` says no, at the first error (which is
-/// handed on in its place), or when `reservation` cannot grow; what was
-/// read stays accounted in it until handed on.
+/// ran first. Reading stops at `limit_rows` rows, once `worth_it` says no,
+/// at the first error (which is handed on in its place), or when
+/// `reservation` cannot grow; what was read stays accounted in it until
+/// handed on.
 pub(super) async fn read_ahead_while<T>(
     probe: BoxStream<'static, Result<RecordBatch>>,
     waiting: impl Future<Output = T>,
-    start: impl Future<Output = ()>,
     limit_rows: usize,
     worth_it: impl Fn() -> bool,
     reservation: MemoryReservation,
 ) -> (T, BoxStream<'static, Result<RecordBatch>>) {
     let mut probe = probe.fuse();
     let mut ahead = vec![];
-    let (mut rows, mut reading, mut started) = (0, limit_rows > 0, false);
-    let (mut waiting, mut start) = (std::pin::pin!(waiting), std::pin::pin!(start));
+    let (mut rows, mut reading) = (0, limit_rows > 0);
+    let mut waiting = std::pin::pin!(waiting);
     let done = loop {
         tokio::select! {
             biased;
             done = &mut waiting => break done,
-            () = &mut start, if reading && !started => started = true,
-            next = probe.next(), if started && reading && worth_it() => match next {
+            next = probe.next(), if reading && worth_it() => match next {
                 Some(Ok(batch)) => {
                     rows += batch.num_rows();
                     // A batch the pool refuses is already read: it is kept
@@ -165,7 +161,6 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::exec_datafusion_err;
     use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
-    use std::future::{pending, ready};
     use tokio::sync::oneshot;
 
     use super::*;
@@ -194,7 +189,6 @@ mod tests {
     /// input, what the pool held then, and how many batches had been read.
     async fn read_while_waiting(
         probe: impl FnOnce(Arc<AtomicUsize>) -> BoxStream<'static, Result<RecordBatch>>,
-        start: impl Future<Output = ()>,
         limit_rows: usize,
         worth_it_batches: usize,
         pool: &Arc<dyn MemoryPool>,
@@ -205,16 +199,14 @@ mod tests {
         let reservation = MemoryConsumer::new("ahead").register(pool);
         let (tx, rx) = oneshot::channel();
         // The wait ends only once the reading has begun and stopped by
-        // itself (or, where it has not begun by then, 200 ms on), so what
-        // is read ahead does not depend on timing.
+        // itself, so what is read ahead does not depend on timing.
         let watched = Arc::clone(&read);
         let waiter = tokio::spawn(async move {
-            let (mut last, mut waited) = (usize::MAX, 0);
+            let mut last = usize::MAX;
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 let now = watched.load(Ordering::SeqCst);
-                waited += 1;
-                if (now == last && now > 0) || (now == 0 && waited == 10) {
+                if now == last && now > 0 {
                     break;
                 }
                 last = now;
@@ -223,7 +215,7 @@ mod tests {
         });
         let waiting = async { rx.await.unwrap() };
         let (waited, rest) =
-            read_ahead_while(probe(Arc::clone(&read)), waiting, start, limit_rows, worth_it, reservation).await;
+            read_ahead_while(probe(Arc::clone(&read)), waiting, limit_rows, worth_it, reservation).await;
         waiter.await.unwrap();
         assert_eq!(waited, 7);
         (rest, pool.reserved(), read.load(Ordering::SeqCst))
@@ -232,7 +224,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rows_read_ahead_come_first_and_in_order_and_are_freed_as_handed_on() {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
-        let (rest, held, read) = read_while_waiting(probe, ready(()), 35, usize::MAX, &pool).await;
+        let (rest, held, read) = read_while_waiting(probe, 35, usize::MAX, &pool).await;
         // Reading stops at the batch that reaches the limit.
         assert_eq!(read, 4);
         assert_eq!(held, 4 * batch(0, 10).get_array_memory_size());
@@ -242,25 +234,9 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reading_ahead_waits_for_its_start() {
-        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
-        let (rest, held, read) = read_while_waiting(probe, pending(), usize::MAX, usize::MAX, &pool).await;
-        assert_eq!((read, held), (0, 0));
-        let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
-        assert_eq!(keys(&batches), (0..100).collect::<Vec<_>>());
-
-        let later = tokio::time::sleep(std::time::Duration::from_millis(50));
-        let (rest, held, read) = read_while_waiting(probe, later, usize::MAX, usize::MAX, &pool).await;
-        assert_eq!((read, held), (10, 10 * batch(0, 10).get_array_memory_size()));
-        let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
-        assert_eq!(keys(&batches), (0..100).collect::<Vec<_>>());
-        assert_eq!(pool.reserved(), 0);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reading_ahead_stops_once_it_is_no_longer_worth_it() {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
-        let (rest, held, read) = read_while_waiting(probe, ready(()), usize::MAX, 2, &pool).await;
+        let (rest, held, read) = read_while_waiting(probe, usize::MAX, 2, &pool).await;
         assert_eq!((read, held), (2, 2 * batch(0, 10).get_array_memory_size()));
         let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
         assert_eq!(keys(&batches), (0..100).collect::<Vec<_>>());
@@ -271,7 +247,7 @@ mod tests {
     async fn reading_ahead_stops_where_the_pool_refuses() {
         let one_batch = batch(0, 10).get_array_memory_size();
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(one_batch * 2));
-        let (rest, held, read) = read_while_waiting(probe, ready(()), usize::MAX, usize::MAX, &pool).await;
+        let (rest, held, read) = read_while_waiting(probe, usize::MAX, usize::MAX, &pool).await;
         // The third batch is read but refused: kept, unaccounted.
         assert_eq!((read, held), (3, one_batch * 2));
         let batches: Vec<RecordBatch> = rest.map(|b| b.unwrap()).collect().await;
@@ -292,7 +268,7 @@ mod tests {
             .boxed()
         };
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
-        let (rest, _, read) = read_while_waiting(failing, ready(()), usize::MAX, usize::MAX, &pool).await;
+        let (rest, _, read) = read_while_waiting(failing, usize::MAX, usize::MAX, &pool).await;
         // Reading stops at the error; the rest is read after it.
         assert_eq!(read, 2);
         let handed: Vec<Result<RecordBatch>> = rest.collect().await;

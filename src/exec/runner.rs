@@ -16,7 +16,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
-use tokio::sync::{OnceCell, oneshot, watch};
+use tokio::sync::{OnceCell, oneshot};
 
 use super::build::{DeviceJoin, PendingBuild};
 use super::chosen::ChosenStrategies;
@@ -77,43 +77,13 @@ pub(crate) type BuildCell<B> = Arc<BuildSlot<B>>;
 
 pub(crate) struct BuildSlot<B: JoinBackend> {
     pending: OnceCell<std::result::Result<PendingBuild<B>, Arc<DataFusionError>>>,
-    pub rows_in: Arc<RowsIn>,
+    /// Build rows collected so far.
+    pub rows_in: Arc<AtomicUsize>,
 }
 
 impl<B: JoinBackend> Default for BuildSlot<B> {
     fn default() -> Self {
         Self { pending: OnceCell::new(), rows_in: Arc::default() }
-    }
-}
-
-/// Build rows collected so far, and word of the first of them.
-#[derive(Debug)]
-pub(crate) struct RowsIn {
-    count: AtomicUsize,
-    any: watch::Sender<bool>,
-}
-
-impl Default for RowsIn {
-    fn default() -> Self {
-        Self { count: AtomicUsize::new(0), any: watch::Sender::new(false) }
-    }
-}
-
-impl RowsIn {
-    pub fn add(&self, rows: usize) {
-        if rows > 0 && self.count.fetch_add(rows, Ordering::Relaxed) == 0 {
-            self.any.send_replace(true);
-        }
-    }
-
-    pub fn count(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    /// Resolves once a row is in; never, for a build side that stays empty.
-    pub async fn first(&self) {
-        // The sender lives as long as `self`, so waiting cannot fail.
-        let _ = self.any.subscribe().wait_for(|any| *any).await;
     }
 }
 
@@ -204,27 +174,5 @@ impl<B: JoinBackend> JoinRunner for Runner<B> {
         let (handover, handed) = oneshot::channel();
         builder.spawn(async move { run_partition(self, inputs, tx, handover).await });
         Ok(Box::pin(HandedOver::new(builder.build(), handed)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::RowsIn;
-
-    #[tokio::test]
-    async fn the_first_build_row_is_told_once_it_is_in() {
-        async fn told(rows_in: &RowsIn) -> bool {
-            tokio::time::timeout(Duration::from_millis(10), rows_in.first()).await.is_ok()
-        }
-        let rows_in = RowsIn::default();
-        assert!(!told(&rows_in).await);
-        rows_in.add(0);
-        assert!(!told(&rows_in).await);
-        rows_in.add(3);
-        rows_in.add(4);
-        assert!(told(&rows_in).await);
-        assert_eq!(rows_in.count(), 7);
     }
 }

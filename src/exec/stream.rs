@@ -21,6 +21,7 @@
 //! did not fit, for a join that cannot be split, leaves the partition to
 //! DataFusion's operator.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::record_batch::RecordBatch;
@@ -286,27 +287,15 @@ async fn join_partition<B: JoinBackend>(
     // every probe partition: reading it runs the whole probe side's scan
     // beside the build side's (TPC-H Q12 at SF 10, docs/benchmarks.md).
     let (rows_in, min_build_rows) = (Arc::clone(&cell.rows_in), options.min_build_rows);
-    let small_so_far = move || rows_in.count() < min_build_rows;
+    let small_so_far = move || rows_in.load(Ordering::Relaxed) < min_build_rows;
     // Nor where the probe scan reads a dynamic filter: rows read before the
     // build side is in are rows the filter could have dropped.
     let read_ahead_rows = match (inputs.mode, &inputs.probe_filter) {
         (PartitionMode::CollectLeft, None) => options.probe_read_ahead_rows,
         _ => 0,
     };
-    // Nor before the build side has a row, where an empty one makes the
-    // join empty: DataFusion's operator then never reads the probe input.
-    // Eight joins of TPC-DS Q61 have empty build sides at SF 10; reading
-    // their probe inputs ahead took its time after planning from about 7
-    // to 13-16 ms on the H100.
-    let rows_in = Arc::clone(&cell.rows_in);
-    let empty_if_build_is = runner.join.definition.join_type.empty_build_side_produces_empty_result();
-    let start = async move {
-        if empty_if_build_is {
-            rows_in.first().await
-        }
-    };
     let (pending, mut probe) =
-        read_ahead_while(probe_input(inputs)?, collected, start, read_ahead_rows, small_so_far, ahead).await;
+        read_ahead_while(probe_input(inputs)?, collected, read_ahead_rows, small_so_far, ahead).await;
     let pending = pending?;
     if let Some(filter) = &inputs.probe_filter {
         filter.complete().await;
