@@ -98,7 +98,7 @@ impl<'a> RuleContext<'a> {
     /// DataFusion's operator, in the same shape, while its probe partitions
     /// read their input ahead and hold it (TPC-DS Q5 at scale factor 10,
     /// two such joins of 15 build rows: 1.15 and 1.23 times DataFusion's
-    /// time on the H100 so, 0.99 and 0.79 with the joins left as planned).
+    /// time on the H100 replaced, 0.99 and 0.79 left as planned).
     fn below_min_build_rows(&self, build: &Arc<dyn ExecutionPlan>) -> Option<NotOnGpu> {
         let min_build_rows = self.options.min_build_rows;
         let rows = self.statistics.row_bound(build)?;
