@@ -147,6 +147,19 @@ impl<B: JoinBackend> Runner<B> {
             .map_err(DataFusionError::Shared)
     }
 
+    /// Lets go of a partition's hold on the runner. Once DataFusion has let
+    /// go of the plan, the last holder also holds the plan below the join,
+    /// through DataFusion's join kept for what the device cannot take, and
+    /// dropping that releases every batch of the in-memory tables under it:
+    /// 4 ms for TPC-DS Q61 at SF 10. On a worker, that held up the consumer
+    /// the partition had just handed its stream to, which tokio runs next on
+    /// the same worker; so the last holder drops it on the blocking pool.
+    pub fn release(runner: Arc<Self>) {
+        if let Some(runner) = Arc::into_inner(runner) {
+            drop(tokio::task::spawn_blocking(move || drop(runner)));
+        }
+    }
+
     /// Records that a probe partition has seen all its input; true for the
     /// partition that must emit the build-side rows. The last one also
     /// takes the shared build side from the runner, so that it is freed

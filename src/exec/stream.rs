@@ -100,6 +100,9 @@ pub(crate) async fn run_partition<B: JoinBackend>(
     inputs.metrics.record_device(&counters);
     inputs.metrics.record_device(&build_counters);
     inputs.metrics.baseline.done();
+    // The plan's inputs first, so that the runner holds what is left of it.
+    drop(inputs);
+    Runner::release(runner);
     result
 }
 
