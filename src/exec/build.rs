@@ -190,7 +190,7 @@ fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) ->
 /// which costs more than the copy for DataFusion's small batches. Each task
 /// also starts its partition, as the coalescing operator's tasks do: a
 /// hash join below takes a quarter of a millisecond to start a partition,
-/// and sixteen started in turn held up the build side by four (TPC-DS Q61).
+/// and sixteen started in turn held up the build side by 4 ms (TPC-DS Q61).
 async fn collect_input(
     left: &Arc<dyn ExecutionPlan>,
     partition: usize,
