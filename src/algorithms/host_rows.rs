@@ -17,7 +17,7 @@ use datafusion::common::internal_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use crate::arrays::{concat_arrays, concat_record_batches, interleave_arrays};
+use crate::arrays::{concat_arrays, concat_record_batches, copy_values, copy_values_in_parallel, interleave_arrays};
 use crate::backend::{JoinBackend, value_width};
 
 /// A side's rows on the host (the build side, or a probe chunk). Cloned in
@@ -268,16 +268,7 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
             fresh.as_slice_mut()
         }
     };
-    let mut starts = Vec::with_capacity(arrays.len());
-    let mut start = 0;
-    for array in arrays {
-        starts.push(start);
-        start += array.len();
-    }
-    target
-        .par_chunks_mut(COPY_PIECE_BYTES)
-        .enumerate()
-        .try_for_each(|(i, piece)| copy_values(arrays, &starts, width, i * COPY_PIECE_BYTES, piece))?;
+    copy_values_in_parallel(arrays, width, target)?;
     let buffer = match memory {
         Some(memory) => memory.into_buffer(bytes)?,
         None => fresh.into(),
@@ -286,42 +277,11 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
     Ok(make_array(data))
 }
 
-/// Bytes each rayon task of an assembly copies.
-const COPY_PIECE_BYTES: usize = 1 << 20;
-
 /// Bytes per value of `arrays` where their values lie end to end in one
 /// buffer and none is null: they are then copied as bytes.
 fn end_to_end_width(arrays: &[&dyn Array]) -> Option<usize> {
     let width = value_width(arrays.first()?.data_type())?;
     arrays.iter().all(|a| a.null_count() == 0).then_some(width)
-}
-
-/// Bytes `first..first + out.len()` of the values of `arrays` laid end to
-/// end (`width` bytes each, none null; array `i` starts at row
-/// `starts[i]`), copied into `out`. Each array's data is looked at by the
-/// thread that copies it, not all of them first by one thread: a build
-/// side comes in thousands of small batches.
-fn copy_values(arrays: &[&dyn Array], starts: &[usize], width: usize, first: usize, out: &mut [u8]) -> Result<()> {
-    // The last array starting at or before `first`: empty arrays that
-    // start at the same row come before it.
-    let mut index = starts.partition_point(|&start| start * width <= first).saturating_sub(1);
-    let mut done = 0;
-    while done < out.len() {
-        let (Some(array), Some(&start)) = (arrays.get(index), starts.get(index)) else {
-            return internal_err!("bytes {first}..{} asked of {} arrays", first + out.len(), arrays.len());
-        };
-        let data = array.to_data();
-        let range = data.offset() * width..(data.offset() + data.len()) * width;
-        let Some(values) = data.buffers().first().and_then(|b| b.as_slice().get(range)) else {
-            return internal_err!("an array of {} values of {width} bytes holds fewer bytes", data.len());
-        };
-        let offset = (first + done - start * width).min(values.len());
-        let len = (values.len() - offset).min(out.len() - done);
-        out[done..done + len].copy_from_slice(&values[offset..offset + len]);
-        done += len;
-        index += 1;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{
     BuildSide, HostRows, JoinDefinition, ProbePlan, choice, columns_held, evaluate_keys, prepare_build_side,
 };
-use crate::arrays::concat_record_batches;
+use crate::arrays::{PARALLEL_CONCAT_ROWS, concat_record_batches};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::keys::{KeyEncoder, KeyRanges};
@@ -439,11 +439,21 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 false => log::warn!("gpu_join: DataFusion's operator joins this build side: {reason}"),
             }
             self.chosen.record_datafusion(&reason);
-            let schema = Arc::clone(&schema);
-            let build = run_blocking("concatenating the build side", move || {
-                on_build_pool(|| concatenated_last_first(&schema, batches))
-            })
-            .await?;
+            // A build side of few rows is concatenated here, as DataFusion's
+            // operator would concatenate it on its own worker: the hops to
+            // the blocking pool and the build side's pool and back cost more
+            // than the copy (TPC-DS Q61). A larger one is copied in parallel
+            // on the build side's pool.
+            let build = match rows < PARALLEL_CONCAT_ROWS {
+                true => concatenated_last_first(&schema, batches)?,
+                false => {
+                    let schema = Arc::clone(&schema);
+                    run_blocking("concatenating the build side", move || {
+                        on_build_pool(|| concatenated_last_first(&schema, batches))
+                    })
+                    .await?
+                }
+            };
             let probe = Arc::new(ProbeSlots::new(right.schema(), right.output_partitioning().partition_count()));
             let join = hash_join_over(&self.twin, &build, probe.plan()?, mode, partition)?;
             let join = in_key_order(&self.definition, join);

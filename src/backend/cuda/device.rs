@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, sys};
 use datafusion::common::{DataFusionError, resources_datafusion_err};
 use datafusion::error::Result;
 
@@ -75,9 +75,29 @@ pub struct CudaDevice {
     /// into.
     pub(crate) pinned: Arc<PinnedPool>,
     pub(crate) admission: Admission,
+    /// Streams no backend instance holds, kept for the next ones.
+    idle_streams: Mutex<Vec<Arc<CudaStream>>>,
 }
 
+/// Idle streams kept at most: more than the partitions of every join of a
+/// query at once, each of which holds one.
+const IDLE_STREAMS: usize = 256;
+
 impl CudaDevice {
+    /// A stream for one backend instance: an idle one if there is, else a
+    /// new one. Each partition of each join holds one, and creating and
+    /// destroying streams takes the driver's lock: a query's joins opened
+    /// theirs at once, in 0.08 ms at the median and up to 4 ms, and so
+    /// started late (TPC-DS Q61, docs/benchmarks.md).
+    pub(crate) fn stream(self: &Arc<Self>) -> Result<PooledStream> {
+        let idle = self.idle_streams.lock().ok().and_then(|mut idle| idle.pop());
+        let stream = match idle {
+            Some(stream) => stream,
+            None => self.context.new_stream().map_err(|e| cuda_error("creating a stream", e))?,
+        };
+        Ok(PooledStream { stream, device: Arc::clone(self) })
+    }
+
     pub(crate) fn kernel(&self, name: &str) -> Result<&CudaFunction> {
         self.kernels.get(name).ok_or_else(|| DataFusionError::Internal(format!("GPU join kernel {name} is not loaded")))
     }
@@ -86,6 +106,37 @@ impl CudaDevice {
     pub(crate) fn memory_info(&self) -> Result<(u64, u64)> {
         let (free, total) = self.context.mem_get_info().map_err(|e| cuda_error("querying device memory", e))?;
         Ok((total as u64, free as u64))
+    }
+}
+
+/// A stream of the device's, given back to its idle streams when dropped.
+/// Work still enqueued on it stays ordered before whatever its next holder
+/// enqueues.
+#[derive(Debug)]
+pub(crate) struct PooledStream {
+    stream: Arc<CudaStream>,
+    device: Arc<CudaDevice>,
+}
+
+impl std::ops::Deref for PooledStream {
+    type Target = Arc<CudaStream>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.stream
+    }
+}
+
+impl Drop for PooledStream {
+    fn drop(&mut self) {
+        // Held elsewhere too, it is not idle: it goes when they let go.
+        if Arc::strong_count(&self.stream) > 1 {
+            return;
+        }
+        if let Ok(mut idle) = self.device.idle_streams.lock()
+            && idle.len() < IDLE_STREAMS
+        {
+            idle.push(Arc::clone(&self.stream));
+        }
     }
 }
 
@@ -154,6 +205,7 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             max_shared_bytes,
             staging: Mutex::default(),
             admission: Admission::default(),
+            idle_streams: Mutex::default(),
         })
     }));
     opened.map_err(|_| format!("CUDA device {ordinal} failed while loading the join kernels"))?

@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex};
 
 use arrow::buffer::Buffer;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaEvent, CudaStream, result};
+use cudarc::driver::{CudaEvent, result};
 use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use super::device::{CudaDevice, cuda_error};
+use super::device::{CudaDevice, PooledStream, cuda_error};
 use super::uncached::fill_uncached;
 use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
@@ -41,14 +41,14 @@ const UPLOAD_SLICE_BYTES: usize = 32 << 20;
 #[derive(Debug, Clone)]
 pub(crate) struct Instance {
     pub device: Arc<CudaDevice>,
-    pub stream: Arc<CudaStream>,
+    pub stream: Arc<PooledStream>,
     pub counters: Arc<DeviceCounters>,
     /// Host memory that transfers enqueued on the stream still read.
     pub reads: Arc<PendingReads>,
 }
 
 impl Instance {
-    pub fn new(device: Arc<CudaDevice>, stream: Arc<CudaStream>, counters: Arc<DeviceCounters>) -> Self {
+    pub fn new(device: Arc<CudaDevice>, stream: Arc<PooledStream>, counters: Arc<DeviceCounters>) -> Self {
         let reads = Arc::new(PendingReads { stream: Arc::clone(&stream), buffers: Mutex::default() });
         Self { device, stream, counters, reads }
     }
@@ -67,7 +67,7 @@ impl Instance {
 /// blocks must not go back to the pool, where another user would write them.
 #[derive(Debug)]
 pub(crate) struct PendingReads {
-    stream: Arc<CudaStream>,
+    stream: Arc<PooledStream>,
     buffers: Mutex<Vec<Buffer>>,
 }
 

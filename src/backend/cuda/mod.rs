@@ -135,8 +135,7 @@ impl JoinBackend for CudaBackend {
     const PREFERRED_GATHER_SPACE: Space = Space::Transformed;
 
     fn open(device: &Arc<CudaDevice>, counters: Arc<DeviceCounters>) -> Result<Self> {
-        let stream = device.context.new_stream().map_err(|e| device::cuda_error("creating a stream", e))?;
-        Ok(Self { instance: Instance::new(Arc::clone(device), stream, counters) })
+        Ok(Self { instance: Instance::new(Arc::clone(device), Arc::new(device.stream()?), counters) })
     }
 
     fn detached(&self) -> Result<Self> {
