@@ -144,14 +144,18 @@ pub(crate) const PARALLEL_CONCAT_ROWS: usize = 1 << 16;
 const COPY_PIECE_BYTES: usize = 1 << 20;
 
 /// `batches` as one batch of `schema`, each column as [`concat_arrays`]
-/// makes it. From [`PARALLEL_CONCAT_ROWS`] rows on, the columns are made in
-/// parallel, and each column's values are copied in parallel too: one
-/// thread took 160 ms for the 2.1 million rows of a build side that
-/// DataFusion's operator joined (TPC-DS Q12 at scale factor 10 on the H100),
-/// most of it faulting in fresh pages.
-pub(crate) fn concat_record_batches(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+/// makes it. `in_parallel`, from [`PARALLEL_CONCAT_ROWS`] rows on, the
+/// columns are made in parallel, and each column's values are copied in
+/// parallel too: one thread took 160 ms for the 2.1 million rows of a
+/// build side that DataFusion's operator joined (TPC-DS Q12 at scale
+/// factor 10 on the H100), most of it faulting in fresh pages.
+pub(crate) fn concat_record_batches(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    in_parallel: bool,
+) -> Result<RecordBatch> {
     let rows = batches.iter().map(RecordBatch::num_rows).sum();
-    let parallel = rows >= PARALLEL_CONCAT_ROWS;
+    let parallel = in_parallel && rows >= PARALLEL_CONCAT_ROWS;
     let column = |i: usize| {
         let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
         match parallel {
@@ -480,13 +484,14 @@ mod tests {
         let rows: usize = sizes.iter().sum();
         assert!(rows >= PARALLEL_CONCAT_ROWS, "{rows} rows stay below the parallel copy");
         let schema = batches[0].schema();
-        let ours = concat_record_batches(&schema, &batches)?;
+        let ours = concat_record_batches(&schema, &batches, true)?;
+        assert_eq!(concat_record_batches(&schema, &batches, false)?, ours);
         let arrows = arrow::compute::concat_batches(&schema, &batches)?;
         assert_eq!(ours, arrows);
         assert!(ours.column(0).null_count() > 0 && ours.column(2).null_count() > 0);
         let names = ours.column(2).as_string_view();
         assert_eq!(names.data_buffers().len(), batches[0].column(2).as_string_view().data_buffers().len());
-        let few = concat_record_batches(&schema, &batches[..3])?;
+        let few = concat_record_batches(&schema, &batches[..3], true)?;
         assert_eq!(few, arrow::compute::concat_batches(&schema, &batches[..3])?);
         Ok(())
     }

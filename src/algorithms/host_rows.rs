@@ -143,7 +143,7 @@ impl HostRows {
     pub fn whole_batch(&self) -> Result<RecordBatch> {
         match &self.parts[..] {
             [batch] => Ok(batch.clone()),
-            parts => concat_record_batches(&self.schema, parts),
+            parts => concat_record_batches(&self.schema, parts, true),
         }
     }
 

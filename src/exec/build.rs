@@ -262,13 +262,18 @@ pub(super) fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option
 /// them all (TPC-DS Q65 at scale factor 10: 1.2 million buffers in one
 /// column of a semi join's output, walked again by each memory count above
 /// it). One batch the operator keeps as it is, at the cost of the copy it
-/// would have made.
-fn concatenated_last_first(schema: &SchemaRef, mut batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+/// would have made. Copied `in_parallel` on the calling thread's rayon
+/// pool, or by one thread.
+fn concatenated_last_first(
+    schema: &SchemaRef,
+    mut batches: Vec<RecordBatch>,
+    in_parallel: bool,
+) -> Result<Vec<RecordBatch>> {
     if batches.len() < 2 {
         return Ok(batches);
     }
     batches.reverse();
-    Ok(vec![concat_record_batches(schema, &batches)?])
+    Ok(vec![concat_record_batches(schema, &batches, in_parallel)?])
 }
 
 /// A permit of the device's admission, its wait counted.
@@ -442,14 +447,16 @@ impl<B: JoinBackend> DeviceJoin<B> {
             // A build side of few rows is concatenated here, as DataFusion's
             // operator would concatenate it on its own worker: the hops to
             // the blocking pool and the build side's pool and back cost more
-            // than the copy (TPC-DS Q61). A larger one is copied in parallel
-            // on the build side's pool.
+            // than the copy (TPC-DS Q61). A larger one is copied on the build
+            // side's pool: in parallel where it serves every partition; by
+            // one thread where each partition has its own, as they are all
+            // copied at once (TPC-DS Q36).
             let build = match rows < PARALLEL_CONCAT_ROWS {
-                true => concatenated_last_first(&schema, batches)?,
+                true => concatenated_last_first(&schema, batches, false)?,
                 false => {
-                    let schema = Arc::clone(&schema);
+                    let (schema, in_parallel) = (Arc::clone(&schema), mode != PartitionMode::Partitioned);
                     run_blocking("concatenating the build side", move || {
-                        on_build_pool(|| concatenated_last_first(&schema, batches))
+                        on_build_pool(|| concatenated_last_first(&schema, batches, in_parallel))
                     })
                     .await?
                 }
