@@ -135,9 +135,9 @@ fn concatenated_nulls(arrays: &[&dyn Array], rows: usize) -> Option<NullBuffer> 
     nulls.finish()
 }
 
-/// Rows from which [`concat_record_batches`] copies in parallel, on the
-/// calling thread's rayon pool: fewer take less time to copy than to hand
-/// out.
+/// Rows from which [`concat_record_batches`], where asked to, copies in
+/// parallel on the calling thread's rayon pool: fewer take less time to
+/// copy than to hand out.
 pub(crate) const PARALLEL_CONCAT_ROWS: usize = 1 << 16;
 
 /// Bytes each rayon task of a parallel copy copies.
