@@ -308,14 +308,14 @@ fn concat_views<T: ByteViewType>(arrays: &[&dyn Array], in_parallel: bool) -> Ar
         pieces.push(piece);
         rest = tail;
     }
-    let remap = |(piece, (array, remap)): (&mut [u128], (&&GenericByteViewArray<T>, &Vec<u32>))| {
+    let fill = |(piece, (array, remap)): (&mut [u128], (&&GenericByteViewArray<T>, &Vec<u32>))| {
         for (out, &view) in piece.iter_mut().zip(array.views().iter()) {
             *out = remapped(view, remap);
         }
     };
     match in_parallel {
-        true => pieces.into_par_iter().zip(typed.par_iter().zip(remaps.par_iter())).for_each(remap),
-        false => pieces.into_iter().zip(typed.iter().zip(remaps.iter())).for_each(remap),
+        true => pieces.into_par_iter().zip(typed.par_iter().zip(remaps.par_iter())).for_each(fill),
+        false => pieces.into_iter().zip(typed.iter().zip(remaps.iter())).for_each(fill),
     }
     buffers.into_array::<T>(views, concatenated_nulls(arrays, len))
 }
