@@ -42,7 +42,7 @@ use super::build::{CollectedBuild, DeviceJoin, PendingBuild, admitted};
 use super::fallback::{join_chunk_on_cpu, join_partition_on_cpu};
 use super::handoff::Handover;
 use super::passes::{BuildPasses, SPLIT_ROWS, split_by_pass};
-use super::read_ahead::read_ahead_while;
+use super::read_ahead::{read_ahead_while, worth_reading_ahead};
 use super::runner::{PartitionInputs, Runner};
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
@@ -292,9 +292,10 @@ async fn join_partition<B: JoinBackend>(
     let (rows_in, min_build_rows) = (Arc::clone(&cell.rows_in), options.min_build_rows);
     let small_so_far = move || rows_in.load(Ordering::Relaxed) < min_build_rows;
     // Nor where the probe scan reads a dynamic filter: rows read before the
-    // build side is in are rows the filter could have dropped.
+    // build side is in are rows the filter could have dropped. Nor where
+    // the probe input is batches in memory, with nothing to hide.
     let read_ahead_rows = match (inputs.mode, &inputs.probe_filter) {
-        (PartitionMode::CollectLeft, None) => options.probe_read_ahead_rows,
+        (PartitionMode::CollectLeft, None) if worth_reading_ahead(&inputs.right) => options.probe_read_ahead_rows,
         _ => 0,
     };
     let (pending, mut probe) =
