@@ -229,7 +229,8 @@ extensions_options! {
         /// Most probe rows a partition of a `CollectLeft` join reads while
         /// its build side is collected, as long as fewer than
         /// `min_build_rows` build rows are in (a larger build side goes to
-        /// the device, whose wait the probe scan would lengthen). 0 reads
+        /// the device, whose wait the probe scan would lengthen), and not
+        /// where the probe input is a scan of batches in memory. 0 reads
         /// the probe input only once the build side is in, as DataFusion's
         /// hash join does.
         pub probe_read_ahead_rows: usize, default = 1 << 22
