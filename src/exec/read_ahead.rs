@@ -89,8 +89,8 @@ pub(super) async fn read_ahead_while<T>(
 
 /// Whether reading `probe` ahead can hide work of its own behind the build
 /// side's collection: not where it is a scan of batches held in memory.
-/// Reading all of `catalog_sales` so took 2 ms from the scans under TPC-DS
-/// Q16's semi join, which its build side waits for, and gave nothing back
+/// Reading all of `catalog_sales` ahead took 2 ms from the scans that TPC-DS
+/// Q16's semi join waits for as its build side, and gave nothing back
 /// (docs/benchmarks.md); a filter or a join above such a scan is work.
 pub(super) fn worth_reading_ahead(probe: &Arc<dyn ExecutionPlan>) -> bool {
     !probe.downcast_ref::<DataSourceExec>().is_some_and(|scan| scan.data_source().is::<MemorySourceConfig>())
@@ -175,6 +175,8 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::exec_datafusion_err;
     use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
+    use datafusion::physical_expr::expressions::lit;
+    use datafusion::physical_plan::filter::FilterExec;
     use tokio::sync::oneshot;
 
     use super::*;
@@ -301,8 +303,7 @@ mod tests {
         let schema = batch.schema();
         let in_memory = MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None).unwrap();
         assert!(!worth_reading_ahead(&(Arc::clone(&in_memory) as Arc<dyn ExecutionPlan>)));
-        let predicate = datafusion::physical_expr::expressions::lit(true);
-        let filtered = datafusion::physical_plan::filter::FilterExec::try_new(predicate, in_memory).unwrap();
+        let filtered = FilterExec::try_new(lit(true), in_memory).unwrap();
         assert!(worth_reading_ahead(&(Arc::new(filtered) as Arc<dyn ExecutionPlan>)));
         let streamed = ProbeSlots::new(schema, 1).plan().unwrap();
         assert!(worth_reading_ahead(&streamed));
