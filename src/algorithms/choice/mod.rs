@@ -13,12 +13,14 @@ mod cost;
 mod observe;
 mod profile;
 mod shape;
+mod statistics;
 
 pub use cost::{Estimate, estimate};
 pub(crate) use observe::observe_shape;
-pub use observe::{PlanStatistics, PlannedSizes, planned_sizes};
+pub use observe::{PlannedSizes, planned_sizes};
 pub use profile::{CostProfile, DeviceProfile, PROFILE_ROWS, device_profile, measure};
 pub use shape::{JoinShape, KeyEstimates, KeySample, SampleRows, estimate_keys, sample_rows};
+pub use statistics::PlanStatistics;
 
 use datafusion::error::Result;
 

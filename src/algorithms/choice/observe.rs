@@ -1,23 +1,19 @@
 //! The shape of a join, observed where it is chosen: the collected build
 //! side, the session's plan (widths, statistics) and the backend.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Int64Array, UInt32Array};
 use arrow::compute::{cast, concat, take};
 use arrow::datatypes::DataType;
-use datafusion::common::{JoinSide, ScalarValue, Statistics};
+use datafusion::common::{JoinSide, ScalarValue};
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::execution_plan::CardinalityEffect;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
-use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 
 use super::shape::{JoinShape, KeySample, estimate_keys, sample_rows};
+use super::statistics::PlanStatistics;
 use crate::algorithms::{JoinDefinition, OutputColumn};
 use crate::backend::{JoinBackend, PartitionSpec, radix_pass_count};
 use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
@@ -66,59 +62,6 @@ pub fn planned_sizes(
         _ => None,
     };
     PlannedSizes { probe_rows, probe_key_range, build_sides }
-}
-
-/// DataFusion's statistics of whole plans (every partition), each node's
-/// computed once however many of the plans asked about hold it.
-///
-/// Each join the rule weighs asks about both its inputs, and every input
-/// above a table holds that table: computed afresh for each, an in-memory
-/// table's statistics (a pass over every array of every batch) would be
-/// computed again for every join above it.
-#[derive(Default)]
-pub struct PlanStatistics {
-    context: StatisticsContext,
-    /// The plans asked about, kept alive while their statistics are: the
-    /// context knows nodes by address, which a dropped node would free for
-    /// another.
-    asked: RefCell<Vec<Arc<dyn ExecutionPlan>>>,
-}
-
-impl PlanStatistics {
-    /// `plan`'s statistics; `None` where DataFusion cannot give them.
-    pub fn of(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
-        self.asked.borrow_mut().push(Arc::clone(plan));
-        self.context.compute(plan.as_ref(), &StatisticsArgs::new()).ok()
-    }
-
-    /// The most rows `plan` can give, where that is known: a table's rows
-    /// (a filter pushed into its scan only drops rows), carried up through
-    /// the operators DataFusion says give at most one row per row read
-    /// (filters, projections, repartitions, sorts, aggregates, limits) and
-    /// added up through unions. `None` above a join or anything else that
-    /// can make more rows than it reads: there statistics are a guess, even
-    /// where marked exact. The guess for an equi-join without distinct
-    /// counts is the smaller input's rows, which puts a fact table joined
-    /// with a dimension at the dimension's size.
-    pub fn row_bound(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-        let children = plan.children();
-        if children.is_empty() {
-            return self.of(plan)?.num_rows.get_value().copied();
-        }
-        if plan.is::<UnionExec>() || plan.is::<InterleaveExec>() {
-            return children.iter().try_fold(0usize, |rows, input| Some(rows.saturating_add(self.row_bound(input)?)));
-        }
-        // DataFusion counts an aggregate as giving at most a row per row
-        // read, but over grouping sets (ROLLUP, CUBE) each row read is
-        // grouped once per set.
-        let per_row_read = plan.downcast_ref::<AggregateExec>().map_or(1, |a| a.group_expr().groups().len().max(1));
-        match (plan.cardinality_effect(), children.as_slice()) {
-            (CardinalityEffect::Equal | CardinalityEffect::LowerEqual, [input]) => {
-                Some(self.row_bound(input)?.saturating_mul(per_row_read))
-            }
-            _ => None,
-        }
-    }
 }
 
 fn as_i64(value: &ScalarValue) -> Option<i64> {
