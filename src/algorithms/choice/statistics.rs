@@ -52,7 +52,9 @@ impl PlanStatistics {
 
     /// What DataFusion's `StatisticsContext::compute` gives for `plan`'s
     /// `partition` (`None`: all), children first, as each node asks for
-    /// them; a whole in-memory table's computed in parallel.
+    /// them; a whole in-memory table's computed in parallel. The walk is
+    /// the context's own, made here because its cache cannot be handed a
+    /// table's statistics computed elsewhere.
     fn compute(&self, plan: &Arc<dyn ExecutionPlan>, partition: Option<usize>) -> Result<Arc<Statistics>> {
         let key = (Arc::as_ptr(plan) as *const () as usize, partition);
         if let Some(known) = self.known.borrow().get(&key) {
@@ -181,7 +183,11 @@ mod tests {
         let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         let ours = PlanStatistics::default();
         let nodes = nodes(&plan);
-        assert!(nodes.iter().any(|node| in_memory_table(node).is_some_and(|t| table_batches(t) >= 256)));
+        assert!(
+            nodes
+                .iter()
+                .any(|node| in_memory_table(node).is_some_and(|t| table_batches(t) >= PARALLEL_STATISTICS_BATCHES))
+        );
         for node in nodes {
             let theirs = StatisticsContext::new().compute(node.as_ref(), &StatisticsArgs::new()).unwrap();
             assert_eq!(ours.of(&node).as_deref(), Some(theirs.as_ref()), "{}", node.name());
