@@ -467,17 +467,21 @@ impl<B: JoinBackend> DeviceJoin<B> {
             // operator would concatenate it on its own worker: the hops to
             // the blocking pool and the build side's pool and back cost more
             // than the copy (TPC-DS Q61). So is each partition's own in
-            // `Partitioned` mode, whatever its size: all of them come in at
-            // once, and sent to the build side's pool together they were
-            // handed on up to 17 ms after their rows were in, against 10 to
-            // 13 ms copied here (TPC-DS Q36 at SF 10). A larger build side
-            // serving every partition is copied in parallel on that pool.
-            let build = match rows < PARALLEL_CONCAT_ROWS || mode == PartitionMode::Partitioned {
+            // `Partitioned` mode where it is below `min_rows` or
+            // `min_build_rows`: all of them come in at once, and sent to the
+            // build side's pool together they were handed on up to 17 ms
+            // after their rows were in, against 10 to 13 ms copied here
+            // (TPC-DS Q36 at SF 10). Any other is copied on the build side's
+            // pool, as one too large for the device may be gigabytes: in
+            // parallel where it serves every partition, by one thread where
+            // each partition has its own.
+            let here = rows < PARALLEL_CONCAT_ROWS || (small && mode == PartitionMode::Partitioned);
+            let build = match here {
                 true => concatenated_last_first(&schema, batches, false)?,
                 false => {
-                    let schema = Arc::clone(&schema);
+                    let (schema, in_parallel) = (Arc::clone(&schema), mode != PartitionMode::Partitioned);
                     run_blocking("concatenating the build side", move || {
-                        on_build_pool(|| concatenated_last_first(&schema, batches, true))
+                        on_build_pool(|| concatenated_last_first(&schema, batches, in_parallel))
                     })
                     .await?
                 }
