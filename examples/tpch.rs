@@ -41,6 +41,12 @@
 //! DataFusion's in both sessions (`--set
 //! datafusion.optimizer.enable_join_dynamic_filter_pushdown=false`).
 
+// Both sessions run on mimalloc, the allocator DataFusion's own command-line
+// tool and benchmark runner are built with, so DataFusion is timed as its own
+// benchmarks time it. The library itself sets no allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
