@@ -208,6 +208,11 @@ extensions_options! {
         /// table then sits in the CPU's caches and it probes faster than
         /// probe rows cross PCIe (docs/benchmarks.md, TPC-H at SF 10).
         pub min_build_rows: usize, default = 1 << 18
+        /// Where a partition's build side goes to DataFusion's operator in
+        /// `Partitioned` mode and its probe partition turns out to have
+        /// fewer than half its rows, the probe rows build the hash table
+        /// and the build side's stream through it.
+        pub build_smaller_side: bool, default = true
         /// CUDA device ordinal.
         pub device: usize, default = 0
         /// Device memory budget: auto, a size such as 40G, or a percentage such as 75%.

@@ -462,7 +462,8 @@ async fn a_join_sized_at_run_time_keeps_datafusions_partitions() {
     // relies on, so with no more build rows than `w`'s 5 it is not replaced.
     run(&ctx, "SET gpu_join.min_build_rows = 1000000").await;
     let analyzed = explain_analyze(&ctx, sql).await;
-    assert_eq!(analyzed.matches("algorithm=DataFusion, mode=Partitioned").count(), 1, "{analyzed}");
+    // Each partition's 12 or so probe rows build the hash table.
+    assert_eq!(analyzed.matches("algorithm=DataFusion (sides swapped), mode=Partitioned").count(), 1, "{analyzed}");
     assert_eq!(analyzed.matches("HashJoinExec: mode=Partitioned").count(), 1, "{analyzed}");
     assert_eq!(sorted_rows(&run(&ctx, sql).await), sorted_rows(&run(&reference, sql).await));
 }
@@ -539,6 +540,69 @@ async fn a_small_build_side_is_left_to_datafusion() {
             assert_eq!(line.contains(&reason), on_datafusion, "{line}");
             assert_eq!(line.contains("algorithm=DataFusion"), on_datafusion, "{line}");
             assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "{mode}, min_build_rows = {min_build_rows}");
+        }
+    }
+}
+
+/// A partition's build side left to DataFusion's operator whose probe
+/// partition has fewer than half its rows is joined with the sides swapped:
+/// the probe rows build the hash table. Every join type DataFusion swaps
+/// gives DataFusion's rows, over keys with nulls and duplicates and with a
+/// filter; `NOT IN` is not swapped, nor is a probe partition larger than
+/// that (its rows read first go to the operator ahead of the rest), nor any
+/// with `build_smaller_side = false`. EXPLAIN ANALYZE says which.
+#[tokio::test]
+async fn a_partitions_smaller_probe_side_builds_the_hash_table() {
+    // `many`: 4,000 rows over 500 keys, every 50th key null; `few`: 60
+    // rows, some keys matching twice, some not at all, one null.
+    let tables = [
+        "CREATE TABLE many (k INT, v INT) AS \
+         SELECT CASE WHEN i % 50 = 0 THEN NULL ELSE i % 500 END, i FROM generate_series(1, 4000) t(i)",
+        "CREATE TABLE few (k INT, w INT) AS \
+         SELECT CASE WHEN i = 7 THEN NULL ELSE (i * 13) % 600 END, i FROM generate_series(1, 60) t(i)",
+    ];
+    let (ctx, reference) = four_partition_sessions(&PARTITIONED, &tables).await;
+    // Each partition's build side (about 1,000 rows) goes to DataFusion's
+    // operator; the 4,000 the build side may have at most keep it replaced.
+    for setting in ["SET gpu_join.collect_build_side = false", "SET gpu_join.min_build_rows = 2000"] {
+        run(&ctx, setting).await;
+    }
+    let swapped = [
+        "SELECT many.v, few.w FROM many JOIN few ON many.k = few.k",
+        "SELECT many.v, few.w FROM many LEFT JOIN few ON many.k = few.k",
+        "SELECT many.v, few.w FROM many RIGHT JOIN few ON many.k = few.k",
+        "SELECT many.v, few.w FROM many FULL JOIN few ON many.k = few.k",
+        "SELECT many.v, few.w FROM many JOIN few ON many.k = few.k AND many.v > few.w * 40",
+        "SELECT many.v, few.w FROM many LEFT JOIN few ON many.k = few.k AND many.v > few.w * 40",
+        "SELECT v FROM many WHERE EXISTS (SELECT 1 FROM few WHERE few.k = many.k)",
+        "SELECT v FROM many WHERE NOT EXISTS (SELECT 1 FROM few WHERE few.k = many.k)",
+    ];
+    let not_swapped = [
+        "SELECT v FROM many WHERE k NOT IN (SELECT k FROM few WHERE w <> 7)",
+        "SELECT m.v, n.v FROM (SELECT * FROM many WHERE v % 100 < 3) m JOIN many n ON m.k = n.k",
+        "SELECT m.v, n.v FROM (SELECT * FROM many WHERE v % 100 < 3) m LEFT JOIN many n ON m.k = n.k",
+    ];
+    for build_smaller_side in [true, false] {
+        run(&ctx, &format!("SET gpu_join.build_smaller_side = {build_smaller_side}")).await;
+        for (sql, swaps) in
+            swapped.iter().map(|s| (s, build_smaller_side)).chain(not_swapped.iter().map(|s| (s, false)))
+        {
+            let analyzed = explain_analyze(&ctx, sql).await;
+            let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+            // `NOT IN` is planned `CollectLeft`, and its build side is joined
+            // on the device.
+            if !sql.contains("NOT IN") {
+                assert!(line.contains("mode=Partitioned") && line.contains("algorithm=DataFusion"), "{line}");
+            }
+            assert_eq!(line.contains("algorithm=DataFusion (sides swapped)"), swaps, "{sql}: {line}");
+            assert_eq!(line.contains("probe rows built the hash table"), swaps, "{sql}: {line}");
+            let expected = sorted_rows(&run(&reference, sql).await);
+            assert!(!expected.is_empty(), "{sql}");
+            assert_eq!(
+                sorted_rows(&run(&ctx, sql).await),
+                expected,
+                "{sql}, build_smaller_side = {build_smaller_side}"
+            );
         }
     }
 }

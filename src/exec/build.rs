@@ -12,7 +12,9 @@
 //! statistics, which passed it, were only an estimate. So does a build side
 //! (a partition's, in `Partitioned` mode) with fewer rows than
 //! `gpu_join.min_build_rows`, whose hash table DataFusion probes from the
-//! CPU's caches faster than the probe side crosses PCIe.
+//! CPU's caches faster than the probe side crosses PCIe; in `Partitioned`
+//! mode the probe partition builds that table instead where it turns out
+//! the smaller side ([`super::smaller_side`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -39,6 +41,7 @@ use super::passes::{BuildPasses, pass_count, split_into_passes};
 use super::probe_yield::ProbeYield;
 use super::read_ahead::ProbeSlots;
 use super::runner::PartitionInputs;
+use super::smaller_side::may_swap_sides;
 use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{
@@ -60,6 +63,11 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
     /// with the build side's host copy, reading the probe partition from
     /// `probe`.
     OnCpu { join: Arc<dyn ExecutionPlan>, probe: Arc<ProbeSlots>, _reservation: MemoryReservation },
+    /// A partition's own build side (`Partitioned` mode) too small for the
+    /// device to win, as collected: DataFusion's operator joins it with the
+    /// partition's probe rows, the smaller side building the hash table
+    /// ([`super::smaller_side`]). `reason` says why the device does not.
+    OnCpuPartition { batches: Vec<RecordBatch>, reason: String, _reservation: MemoryReservation },
 }
 
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
@@ -283,7 +291,7 @@ pub(super) fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option
 /// it). One batch the operator keeps as it is, at the cost of the copy it
 /// would have made. Copied `in_parallel` on the calling thread's rayon
 /// pool, or by one thread.
-fn concatenated_last_first(
+pub(super) fn concatenated_last_first(
     schema: &SchemaRef,
     mut batches: Vec<RecordBatch>,
     in_parallel: bool,
@@ -461,6 +469,10 @@ impl<B: JoinBackend> DeviceJoin<B> {
             match small {
                 true => log::debug!("gpu_join: DataFusion's operator joins this build side: {reason}"),
                 false => log::warn!("gpu_join: DataFusion's operator joins this build side: {reason}"),
+            }
+            if small && mode == PartitionMode::Partitioned && may_swap_sides(&self.definition, &options) {
+                // Recorded by the partition, once it knows which side built.
+                return Ok(Arc::new(CollectedBuild::OnCpuPartition { batches, reason, _reservation: reservation }));
             }
             self.chosen.record_datafusion(&reason);
             // A build side of few rows is concatenated here, as DataFusion's

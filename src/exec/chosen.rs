@@ -9,6 +9,9 @@ use crate::algorithms::choice::Choice;
 /// What DataFusion's operator is called where it joined a build side.
 const DATAFUSION: &str = "DataFusion";
 
+/// What it is called where the probe side built its hash table instead.
+const DATAFUSION_SWAPPED: &str = "DataFusion (sides swapped)";
+
 /// Each distinct way a build side was joined, with the first reason given
 /// for it and how many build sides went that way.
 #[derive(Debug, Default)]
@@ -31,6 +34,12 @@ impl ChosenStrategies {
         self.note(DATAFUSION.to_string(), reason);
     }
 
+    /// A build side joined by DataFusion's operator with the sides
+    /// swapped, and why.
+    pub fn record_datafusion_swapped(&self, reason: &str) {
+        self.note(DATAFUSION_SWAPPED.to_string(), reason);
+    }
+
     fn note(&self, label: String, reason: &str) {
         // A poisoned log only loses what EXPLAIN ANALYZE would show.
         let Ok(mut chosen) = self.0.lock() else { return };
@@ -42,7 +51,7 @@ impl ChosenStrategies {
 
     /// Whether some build side was joined by DataFusion's operator.
     pub fn left_to_datafusion(&self) -> bool {
-        self.0.lock().is_ok_and(|chosen| chosen.iter().any(|c| c.label == DATAFUSION))
+        self.0.lock().is_ok_and(|chosen| chosen.iter().any(|c| c.label.starts_with(DATAFUSION)))
     }
 
     /// `PHJ-OM` or `PHJ-OM ×3, DataFusion ×1`, and the reasons; `None`

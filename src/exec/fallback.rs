@@ -88,33 +88,69 @@ pub(super) fn hash_join_over(
     mode: PartitionMode,
     partition: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut partitions = vec![vec![]; right.output_partitioning().partition_count()];
-    let (mode, at) = match mode {
-        PartitionMode::Partitioned => (PartitionMode::Partitioned, partition),
-        _ => (PartitionMode::CollectLeft, 0),
+    Ok(Arc::new(hash_join_exec(twin, build, right, mode, partition)?))
+}
+
+/// DataFusion's hash join of partition `partition` with its sides swapped:
+/// `probe`, the partition's probe rows read whole, builds the hash table,
+/// and the build side's batches stream through it. The output has the
+/// join's columns, in the order of the build side's rows. Only that
+/// partition of the join may be executed.
+pub(super) fn swapped_hash_join(
+    twin: &HashJoinExec,
+    build: &[RecordBatch],
+    probe: Vec<RecordBatch>,
+    partitions: usize,
+    partition: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let right = held_partition(twin.right().schema(), partitions, partition, probe)?;
+    hash_join_exec(twin, build, right, PartitionMode::Partitioned, partition)?.swap_inputs(PartitionMode::Partitioned)
+}
+
+fn hash_join_exec(
+    twin: &HashJoinExec,
+    build: &[RecordBatch],
+    right: Arc<dyn ExecutionPlan>,
+    mode: PartitionMode,
+    partition: usize,
+) -> Result<HashJoinExec> {
+    let (partitions, at) = match mode {
+        PartitionMode::Partitioned => (right.output_partitioning().partition_count(), partition),
+        _ => (1, 0),
     };
-    if mode == PartitionMode::CollectLeft {
-        partitions.truncate(1);
-    }
-    match partitions.get_mut(at) {
-        Some(slot) => slot.extend_from_slice(build),
-        None => return internal_err!("GPU join: no partition {at} for the build side on DataFusion's operator"),
-    }
-    let schema = twin.left().schema();
-    let partitions = partitions
-        .into_iter()
-        .map(|batches| Arc::new(HeldBatches { schema: Arc::clone(&schema), batches }) as Arc<dyn PartitionStream>)
-        .collect();
-    let left = Arc::new(StreamingTableExec::try_new(schema, partitions, None, vec![], false, None)?);
-    let join = twin
-        .builder()
+    let mode = match mode {
+        PartitionMode::Partitioned => PartitionMode::Partitioned,
+        _ => PartitionMode::CollectLeft,
+    };
+    let left = held_partition(twin.left().schema(), partitions, at, build.to_vec())?;
+    twin.builder()
         .reset_state()
         .with_partition_mode(mode)
         .with_fetch(None)
         .with_new_children(vec![left, right])?
         .recompute_properties()
-        .build()?;
-    Ok(Arc::new(join))
+        .build()
+}
+
+/// A plan of `partitions` partitions of which partition `at` yields
+/// `batches` and the others nothing.
+fn held_partition(
+    schema: SchemaRef,
+    partitions: usize,
+    at: usize,
+    batches: Vec<RecordBatch>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if at >= partitions {
+        return internal_err!("GPU join: no partition {at} of {partitions} for DataFusion's operator");
+    }
+    let mut batches = Some(batches);
+    let held = (0..partitions)
+        .map(|p| {
+            let batches = if p == at { batches.take().unwrap_or_default() } else { vec![] };
+            Arc::new(HeldBatches { schema: Arc::clone(&schema), batches }) as Arc<dyn PartitionStream>
+        })
+        .collect();
+    Ok(Arc::new(StreamingTableExec::try_new(schema, held, None, vec![], false, None)?))
 }
 
 /// One partition of a build side handed to DataFusion's operator, read as

@@ -18,6 +18,7 @@ mod probe_filter;
 mod probe_yield;
 mod read_ahead;
 mod runner;
+mod smaller_side;
 mod staging;
 mod stream;
 

@@ -36,7 +36,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::stream::BoxStream;
-use futures::{StreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 
 /// What `waiting` gives, and the probe input with the rows read while it
 /// ran first. Reading stops at `limit_rows` rows, once `worth_it` says no,
@@ -78,13 +78,24 @@ pub(super) async fn read_ahead_while<T>(
             },
         }
     };
+    (done, handed_on_first(ahead, probe, reservation))
+}
+
+/// `ahead`, read from `probe` and accounted in `reservation`, handed on
+/// before the rest of `probe`, each batch freed from the reservation as it
+/// goes.
+pub(super) fn handed_on_first(
+    ahead: Vec<Result<RecordBatch>>,
+    probe: impl Stream<Item = Result<RecordBatch>> + Send + 'static,
+    reservation: MemoryReservation,
+) -> BoxStream<'static, Result<RecordBatch>> {
     let ahead = stream::iter(ahead).map(move |batch| {
         if let Ok(batch) = &batch {
             reservation.shrink(batch.get_array_memory_size().min(reservation.size()));
         }
         batch
     });
-    (done, ahead.chain(probe).boxed())
+    ahead.chain(probe).boxed()
 }
 
 /// Whether reading `probe` ahead can hide work of its own behind the build

@@ -44,6 +44,7 @@ use super::handoff::Handover;
 use super::passes::{BuildPasses, SPLIT_ROWS, split_by_pass};
 use super::read_ahead::{read_ahead_while, worth_reading_ahead};
 use super::runner::{PartitionInputs, Runner};
+use super::smaller_side;
 use super::staging::{ProbeStaging, StagedChunk, held_bytes};
 use crate::algorithms::{
     BuildSide, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, ProbeOutput, ProbePlan, Settle, columns_held,
@@ -212,7 +213,7 @@ impl<B: JoinBackend> Partition<'_, B> {
                     Ok(BuildNow::Ready(Arc::clone(side)))
                 }
                 CollectedBuild::Passes { passes, .. } => Ok(BuildNow::Split(Arc::clone(passes))),
-                CollectedBuild::OnCpu { .. } => {
+                CollectedBuild::OnCpu { .. } | CollectedBuild::OnCpuPartition { .. } => {
                     internal_err!("GPU join: a join that splits into passes was left to DataFusion's operator")
                 }
             },
@@ -343,6 +344,12 @@ async fn join_partition<B: JoinBackend>(
             CollectedBuild::OnCpu { join, probe: slots, .. } => {
                 slots.put(inputs.partition, probe)?;
                 let batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
+                let collected = pending.placed().await?;
+                runner.finish_probe(inputs.mode);
+                return hand_over(batches, collected, inputs, handover, &mut output).await;
+            }
+            CollectedBuild::OnCpuPartition { batches, reason, .. } => {
+                let batches = smaller_side::join_on_cpu(join, batches, reason, probe, inputs).await?;
                 let collected = pending.placed().await?;
                 runner.finish_probe(inputs.mode);
                 return hand_over(batches, collected, inputs, handover, &mut output).await;
