@@ -544,6 +544,45 @@ async fn a_small_build_side_is_left_to_datafusion() {
     }
 }
 
+/// `many`: 4,000 rows over 500 keys, every 50th key null; `few`: 60 rows,
+/// some keys matching twice, some not at all, one null.
+const MANY_AND_FEW: [&str; 2] = [
+    "CREATE TABLE many (k INT, v INT) AS \
+     SELECT CASE WHEN i % 50 = 0 THEN NULL ELSE i % 500 END, i FROM generate_series(1, 4000) t(i)",
+    "CREATE TABLE few (k INT, w INT) AS \
+     SELECT CASE WHEN i = 7 THEN NULL ELSE (i * 13) % 600 END, i FROM generate_series(1, 60) t(i)",
+];
+
+/// Runs each query of `swapped` and `kept` with `gpu_join.build_smaller_side`
+/// on and off: each gives DataFusion's rows, its join runs in `mode`, and
+/// EXPLAIN ANALYZE shows DataFusion's operator with the sides swapped for
+/// `swapped` while the setting is on, and as planned otherwise; `NOT IN`,
+/// always planned `CollectLeft`, is only checked for not being swapped.
+async fn check_swapped_sides(
+    ctx: &SessionContext,
+    reference: &SessionContext,
+    mode: &str,
+    swapped: &[&str],
+    kept: &[&str],
+) {
+    for build_smaller_side in [true, false] {
+        run(ctx, &format!("SET gpu_join.build_smaller_side = {build_smaller_side}")).await;
+        for (sql, swaps) in swapped.iter().map(|s| (s, build_smaller_side)).chain(kept.iter().map(|s| (s, false))) {
+            let analyzed = explain_analyze(ctx, sql).await;
+            let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+            if !sql.contains("NOT IN") {
+                assert!(line.contains(&format!("mode={mode}")) && line.contains("algorithm=DataFusion"), "{line}");
+            }
+            assert_eq!(line.contains("algorithm=DataFusion (sides swapped)"), swaps, "{sql}: {line}");
+            assert_eq!(line.contains("built the hash table"), swaps, "{sql}: {line}");
+            let expected = sorted_rows(&run(reference, sql).await);
+            assert!(!expected.is_empty(), "{sql}");
+            let rows = sorted_rows(&run(ctx, sql).await);
+            assert_eq!(rows, expected, "{sql}, build_smaller_side = {build_smaller_side}");
+        }
+    }
+}
+
 /// A partition's build side left to DataFusion's operator whose probe
 /// partition has fewer than half its rows is joined with the sides swapped:
 /// the probe rows build the hash table. Every join type DataFusion swaps
@@ -553,15 +592,7 @@ async fn a_small_build_side_is_left_to_datafusion() {
 /// with `build_smaller_side = false`. EXPLAIN ANALYZE says which.
 #[tokio::test]
 async fn a_partitions_smaller_probe_side_builds_the_hash_table() {
-    // `many`: 4,000 rows over 500 keys, every 50th key null; `few`: 60
-    // rows, some keys matching twice, some not at all, one null.
-    let tables = [
-        "CREATE TABLE many (k INT, v INT) AS \
-         SELECT CASE WHEN i % 50 = 0 THEN NULL ELSE i % 500 END, i FROM generate_series(1, 4000) t(i)",
-        "CREATE TABLE few (k INT, w INT) AS \
-         SELECT CASE WHEN i = 7 THEN NULL ELSE (i * 13) % 600 END, i FROM generate_series(1, 60) t(i)",
-    ];
-    let (ctx, reference) = four_partition_sessions(&PARTITIONED, &tables).await;
+    let (ctx, reference) = four_partition_sessions(&PARTITIONED, &MANY_AND_FEW).await;
     // Each partition's build side (about 1,000 rows) goes to DataFusion's
     // operator; the 4,000 the build side may have at most keep it replaced.
     for setting in ["SET gpu_join.collect_build_side = false", "SET gpu_join.min_build_rows = 2000"] {
@@ -577,34 +608,37 @@ async fn a_partitions_smaller_probe_side_builds_the_hash_table() {
         "SELECT v FROM many WHERE EXISTS (SELECT 1 FROM few WHERE few.k = many.k)",
         "SELECT v FROM many WHERE NOT EXISTS (SELECT 1 FROM few WHERE few.k = many.k)",
     ];
-    let not_swapped = [
+    let kept = [
         "SELECT v FROM many WHERE k NOT IN (SELECT k FROM few WHERE w <> 7)",
         "SELECT m.v, n.v FROM (SELECT * FROM many WHERE v % 100 < 3) m JOIN many n ON m.k = n.k",
         "SELECT m.v, n.v FROM (SELECT * FROM many WHERE v % 100 < 3) m LEFT JOIN many n ON m.k = n.k",
     ];
-    for build_smaller_side in [true, false] {
-        run(&ctx, &format!("SET gpu_join.build_smaller_side = {build_smaller_side}")).await;
-        for (sql, swaps) in
-            swapped.iter().map(|s| (s, build_smaller_side)).chain(not_swapped.iter().map(|s| (s, false)))
-        {
-            let analyzed = explain_analyze(&ctx, sql).await;
-            let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
-            // `NOT IN` is planned `CollectLeft`, and its build side is joined
-            // on the device.
-            if !sql.contains("NOT IN") {
-                assert!(line.contains("mode=Partitioned") && line.contains("algorithm=DataFusion"), "{line}");
-            }
-            assert_eq!(line.contains("algorithm=DataFusion (sides swapped)"), swaps, "{sql}: {line}");
-            assert_eq!(line.contains("probe rows built the hash table"), swaps, "{sql}: {line}");
-            let expected = sorted_rows(&run(&reference, sql).await);
-            assert!(!expected.is_empty(), "{sql}");
-            assert_eq!(
-                sorted_rows(&run(&ctx, sql).await),
-                expected,
-                "{sql}, build_smaller_side = {build_smaller_side}"
-            );
-        }
-    }
+    check_swapped_sides(&ctx, &reference, "Partitioned", &swapped, &kept).await;
+}
+
+/// In `CollectLeft` mode each probe partition swaps sides on its own, where
+/// its rows, as many again in every partition, are fewer than half the
+/// build side's: it builds a table of its rows and the whole build side
+/// streams through it. Only for join types whose probe partitions join
+/// independently: a left join, which emits the build side's unmatched rows
+/// once for every partition, is joined as planned.
+#[tokio::test]
+async fn a_probe_partition_smaller_than_a_shared_build_side_builds_the_hash_table() {
+    let (ctx, reference) =
+        four_partition_sessions(&["SET datafusion.optimizer.join_reordering = false"], &MANY_AND_FEW).await;
+    // 2,000 build rows go to DataFusion's operator; the 4,000 the filter may
+    // pass keep the join replaced. Each partition has about 15 probe rows.
+    run(&ctx, "SET gpu_join.min_build_rows = 3000").await;
+    let many = "(SELECT * FROM many WHERE v % 2 = 0) m";
+    let swapped = [
+        format!("SELECT m.v, few.w FROM {many} JOIN few ON m.k = few.k"),
+        format!("SELECT m.v, few.w FROM {many} RIGHT JOIN few ON m.k = few.k"),
+        format!("SELECT m.v, few.w FROM {many} JOIN few ON m.k = few.k AND m.v > few.w * 40"),
+    ];
+    let kept = [format!("SELECT m.v, few.w FROM {many} LEFT JOIN few ON m.k = few.k")];
+    let (swapped, kept): (Vec<&str>, Vec<&str>) =
+        (swapped.iter().map(String::as_str).collect(), kept.iter().map(String::as_str).collect());
+    check_swapped_sides(&ctx, &reference, "CollectLeft", &swapped, &kept).await;
 }
 
 /// A join whose build side can have fewer rows than `min_build_rows` at

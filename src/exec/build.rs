@@ -41,7 +41,7 @@ use super::passes::{BuildPasses, pass_count, split_into_passes};
 use super::probe_yield::ProbeYield;
 use super::read_ahead::ProbeSlots;
 use super::runner::PartitionInputs;
-use super::smaller_side::may_swap_sides;
+use super::smaller_side::{SwappableBuild, may_swap_sides};
 use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{
@@ -62,12 +62,19 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
     /// cannot be split: DataFusion's operator joins each probe partition
     /// with the build side's host copy, reading the probe partition from
     /// `probe`.
-    OnCpu { join: Arc<dyn ExecutionPlan>, probe: Arc<ProbeSlots>, _reservation: MemoryReservation },
+    /// `swappable` where a probe partition smaller than the build side may
+    /// build the hash table instead ([`super::smaller_side`]).
+    OnCpu {
+        join: Arc<dyn ExecutionPlan>,
+        probe: Arc<ProbeSlots>,
+        swappable: Option<SwappableBuild>,
+        _reservation: MemoryReservation,
+    },
     /// A partition's own build side (`Partitioned` mode) too small for the
     /// device to win, as collected: DataFusion's operator joins it with the
     /// partition's probe rows, the smaller side building the hash table
-    /// ([`super::smaller_side`]). `reason` says why the device does not.
-    OnCpuPartition { batches: Vec<RecordBatch>, reason: String, _reservation: MemoryReservation },
+    /// ([`super::smaller_side`]).
+    OnCpuPartition { build: SwappableBuild, _reservation: MemoryReservation },
 }
 
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
@@ -470,11 +477,16 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 true => log::debug!("gpu_join: DataFusion's operator joins this build side: {reason}"),
                 false => log::warn!("gpu_join: DataFusion's operator joins this build side: {reason}"),
             }
-            if small && mode == PartitionMode::Partitioned && may_swap_sides(&self.definition, &options) {
-                // Recorded by the partition, once it knows which side built.
-                return Ok(Arc::new(CollectedBuild::OnCpuPartition { batches, reason, _reservation: reservation }));
+            // A build side that may be swapped is recorded by each partition,
+            // once it knows which side built.
+            let swappable = small && may_swap_sides(&self.definition, &options, mode);
+            if swappable && mode == PartitionMode::Partitioned {
+                let build = SwappableBuild { batches, reason };
+                return Ok(Arc::new(CollectedBuild::OnCpuPartition { build, _reservation: reservation }));
             }
-            self.chosen.record_datafusion(&reason);
+            if !swappable {
+                self.chosen.record_datafusion(&reason);
+            }
             // A build side of few rows is concatenated here, as DataFusion's
             // operator would concatenate it on its own worker: the hops to
             // the blocking pool and the build side's pool and back cost more
@@ -501,7 +513,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
             let probe = Arc::new(ProbeSlots::new(right.schema(), right.output_partitioning().partition_count()));
             let join = hash_join_over(&self.twin, &build, probe.plan()?, mode, partition)?;
             let join = in_key_order(&self.definition, join);
-            return Ok(Arc::new(CollectedBuild::OnCpu { join, probe, _reservation: reservation }));
+            let swappable = swappable.then(|| SwappableBuild { batches: build, reason });
+            return Ok(Arc::new(CollectedBuild::OnCpu { join, probe, swappable, _reservation: reservation }));
         }
         metrics.build_passes.add(passes);
         let keys = self.definition.build_keys.clone();

@@ -16,6 +16,18 @@
 //! no table of its rows. Otherwise the rows read go first to the operator,
 //! which joins as planned.
 //!
+//! In `CollectLeft` mode one build side serves every probe partition,
+//! and DataFusion's operator builds its table once, on one thread (in TPC-DS
+//! Q12 at scale factor 10, 2.1 million build rows against 31 probe rows in
+//! all). There each probe partition decides alone, without waiting for the
+//! others: where its rows are few ([`SHARED_BUILD_SWAP_ROWS`]) and, as many
+//! again in every partition, would be fewer than half the build side, it
+//! builds a table of its own rows and streams the whole build side through
+//! it, every partition at once on its own core. Only for join types whose probe partitions join independently
+//! (no build-side rows emitted at the end): each partition's output then
+//! still holds only its own probe rows' matches, as the plan's
+//! partitioning says.
+//!
 //! The swapped join emits its rows in the build side's order rather than
 //! the probe side's; it is used only where the plan does not rely on the
 //! probe side's order. In `Partitioned` mode the probe partition is mostly
@@ -28,7 +40,7 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_plan::joins::PartitionMode;
-use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
@@ -40,53 +52,102 @@ use crate::algorithms::JoinDefinition;
 use crate::backend::JoinBackend;
 use crate::config::{GpuJoinConfig, ProbeOrderChoice};
 
-/// Whether a partition's build side of this join, left to DataFusion's
-/// operator, may be swapped with its probe side: a join type DataFusion
-/// swaps (not `NOT IN`, whose build side's nulls decide every row), and
-/// no probe order that the plan or the settings keep.
-pub(super) fn may_swap_sides(definition: &JoinDefinition, options: &GpuJoinConfig) -> bool {
+/// The most rows of a probe partition that builds its own table against a
+/// build side shared by every partition, each of which streams all of it:
+/// a table this small stays in a core's first-level cache, where a probe
+/// costs a few nanoseconds. With 31,250 rows a partition, sixteen
+/// partitions each streaming 5.5 million build rows took TPC-DS Q38 at
+/// scale factor 10 to 1.3 times DataFusion's time on two cores.
+const SHARED_BUILD_SWAP_ROWS: usize = 1024;
+
+/// A build side for DataFusion's operator that a smaller probe partition
+/// may join with the sides swapped.
+pub(crate) struct SwappableBuild {
+    /// As collected (`Partitioned` mode), or as concatenated for the
+    /// operator (`CollectLeft`).
+    pub batches: Vec<RecordBatch>,
+    /// Why the device does not join it.
+    pub reason: String,
+}
+
+/// Whether a build side of this join, left to DataFusion's operator in
+/// `mode`, may be swapped with a probe partition: a join type DataFusion
+/// swaps (not `NOT IN`, whose build side's nulls decide every row), no
+/// probe order that the plan or the settings keep, and in `CollectLeft`
+/// mode no build-side rows emitted at the end, which would take every
+/// partition's matches.
+pub(super) fn may_swap_sides(definition: &JoinDefinition, options: &GpuJoinConfig, mode: PartitionMode) -> bool {
     options.build_smaller_side
         && definition.join_type.supports_swap()
         && !definition.null_aware
         && !definition.probe_order_required
         && definition.keep_probe_order != ProbeOrderChoice::Always
+        && (mode == PartitionMode::Partitioned || definition.probe_chunks_join_independently())
 }
 
-/// DataFusion's operator's output for partition `inputs.partition`, whose
-/// own build side `build` went to it for `reason`, reading the partition's
-/// probe input from `probe`; the smaller side builds the hash table.
+/// The operator's plan as DataFusion made it, shared by every partition
+/// in `CollectLeft` mode, and where each partition puts its probe input.
+type SharedJoin<'a> = (&'a Arc<dyn ExecutionPlan>, &'a ProbeSlots);
+
+/// DataFusion's operator's output for partition `inputs.partition` over
+/// `build`, reading the partition's probe input from `probe`; the smaller
+/// side builds the hash table. Otherwise the partition runs `shared` where
+/// given (`CollectLeft`), or a plan of its own over its own build side.
 pub(super) async fn join_on_cpu<B: JoinBackend>(
     join: &DeviceJoin<B>,
-    build: &[RecordBatch],
-    reason: &str,
+    build: &SwappableBuild,
     mut probe: BoxStream<'static, Result<RecordBatch>>,
     inputs: &PartitionInputs,
+    shared: Option<SharedJoin<'_>>,
 ) -> Result<SendableRecordBatchStream> {
     let (partition, partitions) = (inputs.partition, inputs.right.output_partitioning().partition_count());
-    let build_rows: usize = build.iter().map(RecordBatch::num_rows).sum();
+    let build_rows: usize = build.batches.iter().map(RecordBatch::num_rows).sum();
     let reservation =
         MemoryConsumer::new(format!("GpuJoinProbePeek[{partition}]")).register(inputs.context.memory_pool());
-    let limit = build_rows / 2;
-    let read = read_up_to(&mut probe, limit, &reservation).await?;
-    let plan = match read {
-        Read { batches, rows, whole: true } if rows <= limit => {
-            join.chosen.record_datafusion_swapped(&format!(
-                "{reason}; its partition's {rows} probe rows built the hash table, \
-                 fewer than half its {build_rows} build rows"
-            ));
-            // DataFusion's operator accounts them as its build side.
-            drop(reservation);
-            swapped_hash_join(&join.twin, build, batches, partitions, partition)?
-        }
-        Read { batches, .. } => {
-            join.chosen.record_datafusion(reason);
-            let build = concatenated_last_first(&inputs.left.schema(), build.to_vec(), false)?;
-            let slots = ProbeSlots::new(inputs.right.schema(), partitions);
-            slots.put(partition, handed_on_first(batches.into_iter().map(Ok).collect(), probe, reservation))?;
-            hash_join_over(&join.twin, &build, slots.plan()?, PartitionMode::Partitioned, partition)?
-        }
+    // Probe rows below half the build side's, counted once for every
+    // partition where each streams the whole build side.
+    let limit = match inputs.mode {
+        PartitionMode::CollectLeft => (build_rows / (2 * partitions.max(1))).min(SHARED_BUILD_SWAP_ROWS),
+        _ => build_rows / 2,
     };
-    in_key_order(&join.definition, plan).execute(partition, Arc::clone(&inputs.context))
+    let read = read_up_to(&mut probe, limit, &reservation).await?;
+    let context = Arc::clone(&inputs.context);
+    if read.whole && read.rows <= limit {
+        let Read { batches, rows, .. } = read;
+        join.chosen.record_datafusion_swapped(&format!(
+            "{}; a probe partition of {rows} rows built the hash table, against {build_rows} build rows",
+            build.reason
+        ));
+        // DataFusion's operator accounts them as its build side.
+        drop(reservation);
+        let streamed = in_slices(&build.batches, context.session_config().batch_size());
+        let plan = swapped_hash_join(&join.twin, &streamed, batches, partitions, partition)?;
+        return in_key_order(&join.definition, plan).execute(partition, context);
+    }
+    join.chosen.record_datafusion(&build.reason);
+    let probe = handed_on_first(read.batches.into_iter().map(Ok).collect(), probe, reservation);
+    if let Some((plan, slots)) = shared {
+        slots.put(partition, probe)?;
+        return plan.execute(partition, context);
+    }
+    let own = concatenated_last_first(&inputs.left.schema(), build.batches.clone(), false)?;
+    let slots = ProbeSlots::new(inputs.right.schema(), partitions);
+    slots.put(partition, probe)?;
+    let plan = hash_join_over(&join.twin, &own, slots.plan()?, PartitionMode::Partitioned, partition)?;
+    in_key_order(&join.definition, plan).execute(partition, context)
+}
+
+/// `batches` cut into slices of at most `rows` rows, without a copy: a
+/// build side concatenated for the operator streams through the swapped
+/// join as the batches of any other probe input.
+fn in_slices(batches: &[RecordBatch], rows: usize) -> Vec<RecordBatch> {
+    let rows = rows.max(1);
+    batches
+        .iter()
+        .flat_map(|batch| {
+            (0..batch.num_rows()).step_by(rows).map(move |at| batch.slice(at, rows.min(batch.num_rows() - at)))
+        })
+        .collect()
 }
 
 /// The first batches of a probe partition.

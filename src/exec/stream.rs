@@ -341,15 +341,20 @@ async fn join_partition<B: JoinBackend>(
             CollectedBuild::Passes { passes, .. } => {
                 join_in_passes(inputs, probe_keys, passes, probe, in_passes(passes), &mut output).await?
             }
-            CollectedBuild::OnCpu { join, probe: slots, .. } => {
-                slots.put(inputs.partition, probe)?;
-                let batches = join.execute(inputs.partition, Arc::clone(&inputs.context))?;
+            CollectedBuild::OnCpu { join: shared, probe: slots, swappable, .. } => {
+                let batches = match swappable {
+                    Some(build) => smaller_side::join_on_cpu(join, build, probe, inputs, Some((shared, slots))).await?,
+                    None => {
+                        slots.put(inputs.partition, probe)?;
+                        shared.execute(inputs.partition, Arc::clone(&inputs.context))?
+                    }
+                };
                 let collected = pending.placed().await?;
                 runner.finish_probe(inputs.mode);
                 return hand_over(batches, collected, inputs, handover, &mut output).await;
             }
-            CollectedBuild::OnCpuPartition { batches, reason, .. } => {
-                let batches = smaller_side::join_on_cpu(join, batches, reason, probe, inputs).await?;
+            CollectedBuild::OnCpuPartition { build, .. } => {
+                let batches = smaller_side::join_on_cpu(join, build, probe, inputs, None).await?;
                 let collected = pending.placed().await?;
                 runner.finish_probe(inputs.mode);
                 return hand_over(batches, collected, inputs, handover, &mut output).await;
