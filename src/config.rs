@@ -208,10 +208,12 @@ extensions_options! {
         /// table then sits in the CPU's caches and it probes faster than
         /// probe rows cross PCIe (docs/benchmarks.md, TPC-H at SF 10).
         pub min_build_rows: usize, default = 1 << 18
-        /// Where a partition's build side goes to DataFusion's operator in
-        /// `Partitioned` mode and its probe partition turns out to have
-        /// fewer than half its rows, the probe rows build the hash table
-        /// and the build side's stream through it.
+        /// Where a build side goes to DataFusion's operator, a probe
+        /// partition that turns out the smaller side builds the hash table
+        /// and the build side's rows stream through it: in `Partitioned`
+        /// mode one with fewer than half its partition's build rows, in
+        /// `CollectLeft` mode one of at most 1,024 rows that, counted once
+        /// for every partition, is under half the shared build side.
         pub build_smaller_side: bool, default = true
         /// CUDA device ordinal.
         pub device: usize, default = 0

@@ -107,6 +107,8 @@ pub(super) fn swapped_hash_join(
     hash_join_exec(twin, build, right, PartitionMode::Partitioned, partition)?.swap_inputs(PartitionMode::Partitioned)
 }
 
+/// DataFusion's hash join as [`hash_join_over`] describes it, before it is
+/// shared as a plan, so that [`swapped_hash_join`] can swap its sides.
 fn hash_join_exec(
     twin: &HashJoinExec,
     build: &[RecordBatch],
