@@ -12,9 +12,9 @@
 //! statistics, which passed it, were only an estimate. So does a build side
 //! (a partition's, in `Partitioned` mode) with fewer rows than
 //! `gpu_join.min_build_rows`, whose hash table DataFusion probes from the
-//! CPU's caches faster than the probe side crosses PCIe; in `Partitioned`
-//! mode the probe partition builds that table instead where it turns out
-//! the smaller side ([`super::smaller_side`]).
+//! CPU's caches faster than the probe side crosses PCIe; a probe partition
+//! that turns out the smaller side builds that table instead
+//! ([`super::smaller_side`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
