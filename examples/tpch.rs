@@ -39,7 +39,10 @@
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
 //! instance `--set probe_device_gather_ratio=0`, or, named in full, one of
 //! DataFusion's in both sessions (`--set
-//! datafusion.optimizer.enable_join_dynamic_filter_pushdown=false`).
+//! datafusion.optimizer.enable_join_dynamic_filter_pushdown=false`). The
+//! DataFusion session never runs the GPU join, whatever `--set enabled`
+//! says; `--set enabled=false` makes both sessions DataFusion alone, so
+//! that `--compare` measures how far two identical sessions differ.
 
 // Both sessions run on mimalloc, the allocator DataFusion's own command-line
 // tool and benchmark runner are built with, so DataFusion is timed as its own
@@ -162,7 +165,6 @@ impl Args {
 
 fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
     let mut options = GpuJoinConfig::default();
-    options.enabled = gpu;
     options.backend = args.backend;
     options.min_rows = args.min_rows;
     options.min_build_rows = args.min_build_rows;
@@ -173,6 +175,9 @@ fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
             false => options.set(name, value)?,
         }
     }
+    // The settings are the GPU session's: DataFusion's own stays without
+    // the GPU join even where they turn it on.
+    options.enabled &= gpu;
     let config = config.with_option_extension(options);
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
     Ok(SessionContext::new_with_state(state))
