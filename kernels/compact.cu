@@ -48,6 +48,12 @@ extern "C" __global__ void sequence(u32* out, u64 n) {
     if (i < n) out[i] = (u32)i;
 }
 
+// values[i] - by, wrapping, in place.
+extern "C" __global__ void subtract_u32(u32* values, u64 n, u32 by) {
+    const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
+    if (i < n) values[i] -= by;
+}
+
 // out[positions[i]] = values[i]. `seen`, unless null (positions known to be
 // a permutation), holds one bit per position and, in word (n + 31) / 32, a
 // flag set when a position is out of range (null) or met twice: n

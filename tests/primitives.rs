@@ -342,6 +342,20 @@ fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng)
         assert_eq!(selected, expected, "select, {rows} rows");
 
         assert_eq!(tested.download(&tested.sequence(rows).unwrap()).unwrap(), (0..rows as u32).collect::<Vec<_>>());
+        let by = rng.random::<u32>();
+        let less = tested.download(&tested.subtract(tested.upload(&values).unwrap(), by).unwrap()).unwrap();
+        assert_eq!(less, values.iter().map(|v| v.wrapping_sub(by)).collect::<Vec<_>>(), "subtract, {rows} rows");
+        // 0 less 1 is the null position; the others each point at the row before.
+        let shifted = tested.subtract(tested.sequence(rows).unwrap(), 1).unwrap();
+        let column = &columns[0];
+        let gathered = tested.gather_column(&tested.upload_column(column).unwrap(), &shifted, true).unwrap();
+        let indices: UInt32Array = (0..rows as u32).map(|i| i.checked_sub(1)).collect();
+        let expected = take(column.as_ref(), &indices, None).unwrap();
+        assert_eq!(
+            tested.download_column(&gathered).unwrap().as_ref(),
+            expected.as_ref(),
+            "a sequence less one gathers as positions, {rows} rows"
+        );
         assert_eq!(tested.download(&tested.null_positions(rows).unwrap()).unwrap(), vec![NULL_POSITION; rows]);
         let joined =
             tested.download(&tested.concat(&device_positions, &tested.sequence(rows).unwrap()).unwrap()).unwrap();

@@ -1,5 +1,5 @@
 use arrow::compute::SortOptions;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::physical_expr::{LexOrdering, PhysicalExprRef};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
@@ -7,6 +7,7 @@ use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 use super::choice::PlannedSizes;
 use super::pair_filter::PairFilter;
 use crate::config::{AlgorithmChoice, MaterializationChoice, ProbeOrderChoice};
+use crate::keys::RawKeys;
 
 /// Probe chunks of up to this many rows keep probe order under
 /// `gpu_join.keep_probe_order = auto`.
@@ -76,6 +77,19 @@ pub struct JoinDefinition {
 }
 
 impl JoinDefinition {
+    /// Whether the build side's one key column is of a type whose values
+    /// may go up as their raw bits, their span gathered on the way
+    /// ([`RawKeys`]), so that nothing need gather the span before; not
+    /// where the keys must sort into an order that the span decides.
+    pub(crate) fn build_keys_may_go_up_raw(&self, build_schema: &Schema) -> bool {
+        match self.build_keys.as_slice() {
+            [key] => {
+                self.key_order.is_none() && key.data_type(build_schema).is_ok_and(|t| RawKeys::of_type(&t).is_some())
+            }
+            _ => false,
+        }
+    }
+
     /// Output columns from the join's column indices (after projection).
     pub fn output_columns_from(column_indices: &[ColumnIndex]) -> Vec<OutputColumn> {
         column_indices

@@ -25,7 +25,7 @@ use super::side::{
 };
 use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
-use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey};
+use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, RawKeys, RawSpan};
 
 /// Where the time of a join goes, phase by phase.
 #[derive(Debug, Clone, Default)]
@@ -179,6 +179,27 @@ impl StagedKeys {
 
     /// Encodes rows `first..first + out.len()`, piece by piece.
     fn encode_rows<K: NormalizedKey>(&self, encoder: &KeyEncoder, first: usize, out: &mut [K]) -> Result<()> {
+        self.by_piece(first, out, |keys, offset, out| encoder.encode_rows(keys, offset, out))
+    }
+
+    /// The raw bits of rows `first..first + out.len()` of the one key
+    /// column, piece by piece, widening `span` to their values.
+    fn copy_raw_rows(&self, raw: RawKeys, first: usize, out: &mut [u32], span: &RawSpan) -> Result<()> {
+        self.by_piece(first, out, |keys, offset, out| match keys {
+            [key] => raw.copy(key.as_ref(), offset, out, span),
+            _ => internal_err!("raw keys asked of {} key columns", keys.len()),
+        })
+    }
+
+    /// Hands `write` each piece's part of rows `first..first + out.len()`:
+    /// the piece's key columns, the part's first row in the piece, and
+    /// where in `out` it goes.
+    fn by_piece<T>(
+        &self,
+        first: usize,
+        out: &mut [T],
+        mut write: impl FnMut(&[ArrayRef], usize, &mut [T]) -> Result<()>,
+    ) -> Result<()> {
         // The last piece starting at or before `first`: empty pieces that
         // start at the same row come before it.
         let mut piece = self.starts.partition_point(|&start| start <= first).saturating_sub(1);
@@ -189,11 +210,22 @@ impl StagedKeys {
             };
             let offset = first + done - start;
             let len = keys.first().map_or(0, |k| k.len()).saturating_sub(offset).min(out.len() - done);
-            encoder.encode_rows(keys, offset, &mut out[done..done + len])?;
+            write(keys, offset, &mut out[done..done + len])?;
             done += len;
             piece += 1;
         }
         Ok(())
+    }
+
+    /// How the one key column's raw bits order, where every piece of it
+    /// may go up as they are ([`RawKeys`]).
+    fn raw_keys(&self) -> Option<RawKeys> {
+        let mut columns = self.pieces.iter().map(|keys| match keys.as_slice() {
+            [key] => RawKeys::of_column(key.as_ref()),
+            _ => None,
+        });
+        let raw = columns.next().flatten()?;
+        columns.all(|c| c == Some(raw)).then_some(raw)
     }
 
     /// Whether the first key column holds a NULL.
@@ -231,27 +263,66 @@ fn needs_row_ids<C>(
 
 /// A build side's keys, the encoding they take and the strategy chosen for
 /// them.
-struct EncodedChoice {
+struct EncodedChoice<B: JoinBackend> {
     staged_keys: StagedKeys,
     plan: Arc<ProbePlan>,
     /// The key columns whole, only where something reads them on the host
     /// (verification of hashed keys, null-aware joins); empty otherwise.
     keys: Vec<ArrayRef>,
+    /// The keys' raw bits on the backend, where they went up before their
+    /// encoding was known ([`upload_raw_keys`]).
+    raw_keys: Option<B::Vector<u32>>,
 }
 
-/// Stages the build side's key columns, picks the encoding their spans
-/// allow and chooses the strategy from a sample of them.
+/// A build side's keys gone up as their raw bits, and the span gathered on
+/// the way.
+struct RawUpload<B: JoinBackend> {
+    staged: StagedKeys,
+    keys: B::Vector<u32>,
+    ranges: KeyRanges,
+}
+
+/// Uploads the build side's keys as their raw bits, gathering their span on
+/// the way, where its one key column allows ([`RawKeys`]); `None`, with
+/// nothing uploaded, where it does not.
+fn upload_raw_keys<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    rows: &HostRows,
+) -> Result<Option<RawUpload<B>>> {
+    if !rows.parts().first().is_some_and(|batch| definition.build_keys_may_go_up_raw(&batch.schema())) {
+        return Ok(None);
+    }
+    let staged = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
+    let Some(raw) = staged.raw_keys() else {
+        return Ok(None);
+    };
+    let span = RawSpan::default();
+    let keys = backend.upload_with(staged.rows, &|first, out| staged.copy_raw_rows(raw, first, out, &span))?;
+    Ok(Some(RawUpload { staged, keys, ranges: span.ranges() }))
+}
+
+/// Stages the build side's key columns (unless they went up as raw bits),
+/// picks the encoding their spans allow and chooses the strategy from a
+/// sample of them.
 fn encode_and_choose<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     rows: &HostRows,
     ranges: Option<&KeyRanges>,
+    raw: Option<RawUpload<B>>,
     profile: choice::DeviceProfile,
-) -> Result<EncodedChoice> {
-    let staged_keys = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
-    let ranges = match ranges {
-        Some(ranges) => ranges.clone(),
-        None => KeyRanges::of_pieces(&staged_keys.pieces),
+) -> Result<EncodedChoice<B>> {
+    let (staged_keys, ranges, raw_keys) = match raw {
+        Some(RawUpload { staged, keys, ranges }) => (staged, ranges, Some(keys)),
+        None => {
+            let staged = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
+            let ranges = match ranges {
+                Some(ranges) => ranges.clone(),
+                None => KeyRanges::of_pieces(&staged.pieces),
+            };
+            (staged, ranges, None)
+        }
     };
     let encoder = match &definition.key_order {
         Some(order) => KeyEncoder::for_ordered_keys(&ranges, definition.null_equality, &order.sort_options)?
@@ -267,11 +338,14 @@ fn encode_and_choose<B: JoinBackend>(
     })?;
     let probe_encoder = encoder.for_probe_side();
     let plan = Arc::new(ProbePlan { encoder, probe_encoder, choice, null_aware: NullAwareState::default() });
-    Ok(EncodedChoice { staged_keys, plan, keys })
+    Ok(EncodedChoice { staged_keys, plan, keys, raw_keys })
 }
 
 /// Collects nothing itself: `rows` are the whole build side, and `ranges`
-/// the spans of its keys where they were gathered as it was collected.
+/// the spans of its keys where they were gathered as it was collected;
+/// where they were not, keys that may go up as their raw bits go up first,
+/// their spans gathered on the way, for the encoding and the choice wait
+/// for the spans and the output columns' upload does not.
 /// `planned` is handed the probe plan once the host has encoded the build
 /// side's keys and copied its columns for the upload: loading probe chunks
 /// earlier (as soon as the plan is known) took the host and the link from
@@ -288,15 +362,19 @@ pub fn prepare_build_side<B: JoinBackend>(
     // Measured once per device and kept: measured beside this side's
     // upload, it would time the primitives against that upload.
     let profile = choice::device_profile(backend);
+    let raw = match ranges {
+        None => upload_raw_keys(backend, definition, &rows)?,
+        Some(_) => None,
+    };
     // The output columns go up while the host works out how to encode the
     // keys and which strategy to use: their upload depends on neither, and
     // that work (a sample of scattered keys, mostly) leaves the memory
     // bandwidth the copies need.
     let (uploaded, keyed) = rayon::join(
         || upload_columns(backend, &rows, &definition.build_output_columns(), true),
-        || encode_and_choose(backend, definition, &rows, ranges, profile),
+        || encode_and_choose(backend, definition, &rows, ranges, raw, profile),
     );
-    let (uploaded, EncodedChoice { staged_keys, plan, keys }) = (uploaded?, keyed?);
+    let (uploaded, EncodedChoice { staged_keys, plan, keys, raw_keys }) = (uploaded?, keyed?);
     let (encoder, strategy) = (&plan.encoder, plan.choice.strategy);
     let placed = uploaded.placed(strategy.build_space);
     let filter_columns = filter_columns(backend, &rows, &definition.pair_filter_columns(JoinSide::Left), &placed)?;
@@ -304,7 +382,10 @@ pub fn prepare_build_side<B: JoinBackend>(
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let keys_on_backend = upload_keys(backend, encoder, &staged_keys)?;
+    let keys_on_backend = match (raw_keys, encoder.raw_offset()) {
+        (Some(raw), Some(offset)) => KeyedVector::U32(backend.subtract(raw, offset)?),
+        _ => upload_keys(backend, encoder, &staged_keys)?,
+    };
     planned(&plan);
     let relation = match keys_on_backend {
         KeyedVector::U32(k) => {

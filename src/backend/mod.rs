@@ -488,6 +488,8 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn select(&self, values: &Self::Vector<u32>, keep: &Self::Vector<u8>) -> Result<Self::Vector<u32>>;
     /// `0, 1, .., len - 1`.
     fn sequence(&self, len: usize) -> Result<Self::Vector<u32>>;
+    /// `values`, each less `by` in wrapping arithmetic, in their place.
+    fn subtract(&self, values: Self::Vector<u32>, by: u32) -> Result<Self::Vector<u32>>;
     /// `len` null positions.
     fn null_positions(&self, len: usize) -> Result<Self::Vector<u32>>;
     /// `first` followed by `second`.

@@ -199,7 +199,7 @@ fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) ->
 
 /// The batches of partition `partition` of the build input, in host memory
 /// accounted in `reservation` and counted in `rows_in` as they come, and
-/// the spans of their keys (`keys`). A
+/// the spans of their keys (`spans_of`), where asked. A
 /// build input coalesced from several partitions is read one task per
 /// partition, rather than batch by batch through the coalescing channel,
 /// which costs more than the copy for DataFusion's small batches. Each task
@@ -215,20 +215,21 @@ async fn collect_input(
     partition: usize,
     context: &Arc<TaskContext>,
     reservation: &Arc<MemoryReservation>,
-    keys: &[PhysicalExprRef],
+    spans_of: Option<&[PhysicalExprRef]>,
     rows_in: Arc<AtomicUsize>,
 ) -> Result<Collected> {
     let coalesced = match left.downcast_ref::<CoalescePartitionsExec>() {
         Some(coalesce) if coalesce.fetch().is_none() => coalesce.input(),
-        _ => return read_partition(left, partition, context, reservation, keys, &rows_in, false).await,
+        _ => return read_partition(left, partition, context, reservation, spans_of, &rows_in, false).await,
     };
     let tasks = (0..coalesced.output_partitioning().partition_count())
         .map(|p| {
             let (plan, context) = (Arc::clone(coalesced), Arc::clone(context));
-            let (reservation, keys, rows_in) = (Arc::clone(reservation), keys.to_vec(), Arc::clone(&rows_in));
-            SpawnedTask::spawn(
-                async move { read_partition(&plan, p, &context, &reservation, &keys, &rows_in, true).await },
-            )
+            let (reservation, keys, rows_in) =
+                (Arc::clone(reservation), spans_of.map(<[_]>::to_vec), Arc::clone(&rows_in));
+            SpawnedTask::spawn(async move {
+                read_partition(&plan, p, &context, &reservation, keys.as_deref(), &rows_in, true).await
+            })
         })
         .collect::<Vec<_>>();
     let (mut batches, mut ranges) = (vec![], None);
@@ -250,17 +251,17 @@ async fn read_partition(
     partition: usize,
     context: &Arc<TaskContext>,
     reservation: &MemoryReservation,
-    keys: &[PhysicalExprRef],
+    spans_of: Option<&[PhysicalExprRef]>,
     rows_in: &AtomicUsize,
     yield_each: bool,
 ) -> Result<Collected> {
     plan.execute(partition, Arc::clone(context))?
         .try_fold((vec![], None), |(mut batches, ranges): Collected, batch| {
             let collected = reservation.try_grow(batch.get_array_memory_size()).and_then(|_| {
-                let piece = KeyRanges::of_piece(&evaluate_keys(keys, &batch)?);
+                let piece = spans_of.map(|keys| evaluate_keys(keys, &batch).map(|k| KeyRanges::of_piece(&k)));
                 rows_in.fetch_add(batch.num_rows(), Ordering::Relaxed);
                 batches.push(batch);
-                Ok((batches, merge_ranges(ranges, Some(piece))))
+                Ok((batches, merge_ranges(ranges, piece.transpose()?)))
             });
             // The input is often always ready (batches in memory, a join
             // below handing them on), and a task that never yields keeps one
@@ -348,13 +349,20 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
         let reservation = Arc::new(reservation);
-        let keys = &self.definition.build_keys;
         // Sent whatever the build side becomes: the spans bound what it can
         // match, on the device or in DataFusion's operator.
         let report = inputs.probe_filter.as_ref().map(|filter| filter.report());
+        // Keys that go up as their raw bits have their spans gathered on
+        // the way, unless the probe side's scan waits for them: one read of
+        // them less before the build side goes up.
+        let spans_of = match report.is_none() && self.definition.build_keys_may_go_up_raw(&inputs.left.schema()) {
+            true => None,
+            false => Some(self.definition.build_keys.as_slice()),
+        };
         let (batches, ranges) =
-            collect_input(&inputs.left, partition, &inputs.context, &reservation, keys, rows_in).await?;
+            collect_input(&inputs.left, partition, &inputs.context, &reservation, spans_of, rows_in).await?;
         if let Some(report) = report {
+            let keys = &self.definition.build_keys;
             report.send(ranges.as_ref(), &batches, keys, &inputs.context.session_config().options().optimizer);
         }
         let reservation = Arc::into_inner(reservation)

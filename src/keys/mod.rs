@@ -16,6 +16,7 @@
 //! outside the build range) gets the reserved key [`NormalizedKey::UNMATCHABLE`].
 
 mod packed;
+mod raw;
 
 use std::hash::Hash;
 
@@ -30,6 +31,7 @@ use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 use crate::backend::{Element, SortSpec};
 pub use packed::{KeyRanges, SpanBounds};
 use packed::{PARALLEL_ROWS, PackedLayout};
+pub use raw::{RawKeys, RawSpan};
 use rayon::prelude::*;
 
 /// A fixed-width key as the join primitives see it.
@@ -172,6 +174,17 @@ impl KeyEncoder {
         match &self.scheme {
             Scheme::Packed(layout) if layout.fits_u32() => 32,
             _ => 64,
+        }
+    }
+
+    /// Where the build side's keys went up as their raw bits
+    /// ([`RawKeys`]): what their codes are less than those bits, wrapping;
+    /// `None` where the codes are not the raw bits less one value (keys of
+    /// 64 bits, hashed, counting down, or of several columns).
+    pub fn raw_offset(&self) -> Option<u32> {
+        match &self.scheme {
+            Scheme::Packed(layout) => layout.raw_offset(),
+            Scheme::Hashed => None,
         }
     }
 

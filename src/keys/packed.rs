@@ -242,6 +242,12 @@ impl KeyRanges {
         Self(keys.iter().map(|key| piece_span(key.as_ref())).collect())
     }
 
+    /// The span of a single key column of integers: its smallest and
+    /// largest value, `None` when it holds none.
+    pub(super) fn of_one_column(span: Option<(i128, i128)>) -> Self {
+        Self(vec![Some(span)])
+    }
+
     /// The spans of the rows of both.
     pub fn merge(self, other: Self) -> Self {
         let spans = self.0.into_iter().zip(other.0).map(|(a, b)| Some(union(a?, b?)));
@@ -380,6 +386,18 @@ impl PackedLayout {
 
     pub(super) fn fits_u32(&self) -> bool {
         self.total_bits <= MAX_U32_BITS
+    }
+
+    /// What 32-bit codes are less than the raw bits of the values they
+    /// code, wrapping: where the key is one column whose codes count up
+    /// from its smallest value and fit 32 bits ([`super::raw`]).
+    pub(super) fn raw_offset(&self) -> Option<u32> {
+        let ([column], true) = (self.columns.as_slice(), self.fits_u32()) else {
+            return None;
+        };
+        let (lo, _) = column.range.filter(|_| !column.descending)?;
+        // The low 32 bits are the raw bits of a 4-byte value, signed or not.
+        Some((lo as u32).wrapping_sub(column.shift() as u32))
     }
 
     /// Packs the key columns into `out`, one key per row for as many rows

@@ -324,3 +324,77 @@ fn spans_become_bounds_of_each_keys_own_type() {
         ]
     );
 }
+
+/// Copies `pieces` (one key column) as raw bits the way an upload asks for
+/// them, in parts of `part` rows that cross the pieces' ends.
+fn copied_raw(pieces: &[ArrayRef], part: usize) -> (Vec<u32>, RawSpan) {
+    let raw = RawKeys::of_column(pieces[0].as_ref()).unwrap();
+    let span = RawSpan::default();
+    let mut bits = vec![];
+    for piece in pieces {
+        let mut out = vec![0u32; piece.len()];
+        for (i, chunk) in out.chunks_mut(part).enumerate() {
+            raw.copy(piece.as_ref(), i * part, chunk, &span).unwrap();
+        }
+        bits.extend(out);
+    }
+    (bits, span)
+}
+
+#[test]
+fn raw_keys_less_their_offset_are_their_codes() {
+    use arrow::array::{Date32Array, Decimal32Array, UInt32Array};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x0072_6177);
+    let rows = 5_000;
+    let mut int32 = |base: i32| -> ArrayRef {
+        Arc::new((0..rows).map(|_| base.wrapping_add(rng.random_range(0..1_000_000))).collect::<Int32Array>())
+    };
+    let columns: Vec<ArrayRef> = vec![
+        int32(i32::MIN),
+        int32(i32::MAX - 999_999),
+        int32(-500_000),
+        Arc::new(UInt32Array::from_iter_values((0..rows as u32).map(|i| u32::MAX - (i * 7919) % 100_000))),
+        Arc::new(Date32Array::from_iter_values((0..rows as i32).map(|i| 19_000 - i % 400))),
+        Arc::new(
+            Decimal32Array::from_iter_values((0..rows as i32).map(|i| i * 3 - 7_000))
+                .with_precision_and_scale(9, 2)
+                .unwrap(),
+        ),
+    ];
+    for column in columns {
+        // Pieces of uneven lengths, one of them empty.
+        let pieces: Vec<ArrayRef> =
+            vec![column.slice(0, 1_234), column.slice(1_234, 0), column.slice(1_234, rows - 1_234)];
+        let pieces_as_keys: Vec<Vec<ArrayRef>> = pieces.iter().map(|p| vec![Arc::clone(p)]).collect();
+        let (bits, span) = copied_raw(&pieces, 1_000);
+        assert_eq!(span.ranges(), KeyRanges::of_pieces(&pieces_as_keys), "{}", column.data_type());
+        for nulls in [NullEquality::NullEqualsNothing, NullEquality::NullEqualsNull] {
+            let encoder = KeyEncoder::for_key_ranges(&span.ranges(), nulls).unwrap();
+            let offset = encoder.raw_offset().unwrap();
+            let codes: Vec<u32> = bits.iter().map(|b| b.wrapping_sub(offset)).collect();
+            assert_eq!(NormalizedKeys::U32(codes), encoder.encode(&[Arc::clone(&column)]).unwrap(), "{nulls:?}");
+        }
+    }
+}
+
+#[test]
+fn raw_keys_only_where_codes_are_the_raw_bits_less_one_value() {
+    // A span wider than 31 bits codes in 64 bits.
+    let wide: ArrayRef = Arc::new(Int32Array::from(vec![i32::MIN, i32::MAX]));
+    let (_, span) = copied_raw(std::slice::from_ref(&wide), 1);
+    let encoder = KeyEncoder::for_key_ranges(&span.ranges(), NullEquality::NullEqualsNothing).unwrap();
+    assert_eq!((encoder.key_bits(), encoder.raw_offset()), (64, None));
+    // Codes that count down from the largest value.
+    let narrow: ArrayRef = Arc::new(Int32Array::from(vec![3, 9]));
+    let (_, span) = copied_raw(std::slice::from_ref(&narrow), 2);
+    let descending = [SortOptions { descending: true, nulls_first: false }];
+    let encoder = KeyEncoder::for_ordered_keys(&span.ranges(), NullEquality::NullEqualsNothing, &descending).unwrap();
+    assert_eq!(encoder.unwrap().raw_offset(), None);
+    // Columns of other widths, or holding NULLs, do not go up raw.
+    assert_eq!(RawKeys::of_column(&Int64Array::from(vec![1, 2])), None);
+    assert_eq!(RawKeys::of_column(&Int32Array::from(vec![Some(1), None])), None);
+    let two = vec![Arc::clone(&narrow), narrow];
+    let encoder = KeyEncoder::for_build_side(&[two], NullEquality::NullEqualsNothing).unwrap();
+    assert_eq!(encoder.raw_offset(), None);
+}

@@ -208,6 +208,11 @@ impl JoinBackend for CpuBackend {
         Ok((0..len as u32).collect())
     }
 
+    fn subtract(&self, mut values: Vec<u32>, by: u32) -> Result<Vec<u32>> {
+        values.iter_mut().for_each(|v| *v = v.wrapping_sub(by));
+        Ok(values)
+    }
+
     fn null_positions(&self, len: usize) -> Result<Vec<u32>> {
         Ok(vec![NULL_POSITION; len])
     }

@@ -27,7 +27,7 @@ const SOURCES: [(&str, &str); 7] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 56] = [
+pub(crate) const KERNEL_NAMES: [&str; 57] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -76,6 +76,7 @@ pub(crate) const KERNEL_NAMES: [&str; 56] = [
     "set_flags",
     "scatter_permutation",
     "sequence",
+    "subtract_u32",
     "compare_rows_i8",
     "compare_rows_i16",
     "compare_rows_i32",

@@ -251,6 +251,11 @@ impl<T: Copy> DeviceBuffer<T> {
         self.known != KnownPositions::Nothing
     }
 
+    /// Records that the buffer's values were changed in place.
+    pub(crate) fn mark_rewritten(&mut self) {
+        self.known = KnownPositions::Nothing;
+    }
+
     /// Keeps the first `len` elements (the allocation stays).
     pub fn truncate(&mut self, len: usize) {
         // The first elements of a sequence are one; of a permutation, not.

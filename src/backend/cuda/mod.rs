@@ -280,6 +280,13 @@ impl JoinBackend for CudaBackend {
         Ok(out)
     }
 
+    fn subtract(&self, mut values: DeviceBuffer<u32>, by: u32) -> Result<DeviceBuffer<u32>> {
+        let n = values.len() as u64;
+        self.launch("subtract_u32", n, 0, &[values.pointer().into(), n.into(), by.into()])?;
+        values.mark_rewritten();
+        Ok(values)
+    }
+
     fn null_positions(&self, len: usize) -> Result<DeviceBuffer<u32>> {
         DeviceBuffer::filled(&self.instance, len, 0xFF, "null positions")
     }
