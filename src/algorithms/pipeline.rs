@@ -274,49 +274,56 @@ struct EncodedChoice<B: JoinBackend> {
     raw_keys: Option<B::Vector<u32>>,
 }
 
-/// A build side's keys gone up as their raw bits, and the span gathered on
-/// the way.
-struct RawUpload<B: JoinBackend> {
+/// A build side's keys staged before its encoding is chosen, for keys that
+/// may go up as their raw bits ([`RawKeys`]); where they did, those bits on
+/// the backend and the span gathered on the way.
+struct EarlyKeys<B: JoinBackend> {
     staged: StagedKeys,
-    keys: B::Vector<u32>,
-    ranges: KeyRanges,
+    raw: Option<(B::Vector<u32>, KeyRanges)>,
 }
 
-/// Uploads the build side's keys as their raw bits, gathering their span on
-/// the way, where its one key column allows ([`RawKeys`]); `None`, with
-/// nothing uploaded, where it does not.
+/// Stages the build side's keys and uploads them as their raw bits,
+/// gathering their span on the way, where its one key column allows;
+/// `None`, with nothing staged, where its type does not.
 fn upload_raw_keys<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     rows: &HostRows,
-) -> Result<Option<RawUpload<B>>> {
+) -> Result<Option<EarlyKeys<B>>> {
     if !rows.parts().first().is_some_and(|batch| definition.build_keys_may_go_up_raw(&batch.schema())) {
         return Ok(None);
     }
     let staged = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
-    let Some(raw) = staged.raw_keys() else {
-        return Ok(None);
+    let raw = match staged.raw_keys() {
+        Some(raw) => {
+            let span = RawSpan::default();
+            let keys = backend.upload_with(staged.rows, &|first, out| staged.copy_raw_rows(raw, first, out, &span))?;
+            Some((keys, span.ranges()))
+        }
+        // A NULL among them: encoded on the host, from the keys staged here.
+        None => None,
     };
-    let span = RawSpan::default();
-    let keys = backend.upload_with(staged.rows, &|first, out| staged.copy_raw_rows(raw, first, out, &span))?;
-    Ok(Some(RawUpload { staged, keys, ranges: span.ranges() }))
+    Ok(Some(EarlyKeys { staged, raw }))
 }
 
-/// Stages the build side's key columns (unless they went up as raw bits),
-/// picks the encoding their spans allow and chooses the strategy from a
-/// sample of them.
+/// Stages the build side's key columns (unless staged early), picks the
+/// encoding their spans allow and chooses the strategy from a sample of
+/// them.
 fn encode_and_choose<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     rows: &HostRows,
     ranges: Option<&KeyRanges>,
-    raw: Option<RawUpload<B>>,
+    early: Option<EarlyKeys<B>>,
     profile: choice::DeviceProfile,
 ) -> Result<EncodedChoice<B>> {
-    let (staged_keys, ranges, raw_keys) = match raw {
-        Some(RawUpload { staged, keys, ranges }) => (staged, ranges, Some(keys)),
-        None => {
-            let staged = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
+    let (staged_keys, ranges, raw_keys) = match early {
+        Some(EarlyKeys { staged, raw: Some((keys, ranges)) }) => (staged, ranges, Some(keys)),
+        early => {
+            let staged = match early {
+                Some(early) => early.staged,
+                None => StagedKeys::evaluate(&definition.build_keys, rows.parts())?,
+            };
             let ranges = match ranges {
                 Some(ranges) => ranges.clone(),
                 None => KeyRanges::of_pieces(&staged.pieces),
@@ -362,7 +369,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     // Measured once per device and kept: measured beside this side's
     // upload, it would time the primitives against that upload.
     let profile = choice::device_profile(backend);
-    let raw = match ranges {
+    let early = match ranges {
         None => upload_raw_keys(backend, definition, &rows)?,
         Some(_) => None,
     };
@@ -372,7 +379,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     // bandwidth the copies need.
     let (uploaded, keyed) = rayon::join(
         || upload_columns(backend, &rows, &definition.build_output_columns(), true),
-        || encode_and_choose(backend, definition, &rows, ranges, raw, profile),
+        || encode_and_choose(backend, definition, &rows, ranges, early, profile),
     );
     let (uploaded, EncodedChoice { staged_keys, plan, keys, raw_keys }) = (uploaded?, keyed?);
     let (encoder, strategy) = (&plan.encoder, plan.choice.strategy);
