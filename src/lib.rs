@@ -31,6 +31,7 @@ pub mod backend;
 pub mod config;
 pub mod exec;
 pub mod keys;
+mod lanes;
 pub mod rule;
 mod session;
 pub mod workloads;

@@ -18,6 +18,7 @@ use datafusion::common::internal_err;
 use datafusion::error::Result;
 
 use super::KeyRanges;
+use crate::lanes::in_wide_lanes;
 
 /// How the raw bits of a key column's values order: as `i32` or as `u32`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,9 +58,20 @@ impl RawKeys {
         if values.is_empty() {
             return Ok(());
         }
-        // Apart from the copy: a loop with one job each compiles to vector
-        // code, the span's comparisons in the values' own lanes.
-        let (lo, hi) = match self {
+        // Apart from the copy, over the values just copied (in the first
+        // level cache): a loop with one job each compiles to vector code,
+        // the span's comparisons in the values' own lanes.
+        let (lo, hi) = in_wide_lanes(
+            #[inline(always)]
+            || self.span_of(out),
+        );
+        span.widen(lo, hi);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn span_of(self, values: &[u32]) -> (i64, i64) {
+        match self {
             Self::Signed => {
                 let (lo, hi) =
                     values.iter().fold((i32::MAX, i32::MIN), |(lo, hi), &v| (lo.min(v as i32), hi.max(v as i32)));
@@ -69,9 +81,7 @@ impl RawKeys {
                 let (lo, hi) = values.iter().fold((u32::MAX, u32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
                 (i64::from(lo), i64::from(hi))
             }
-        };
-        span.widen(lo, hi);
-        Ok(())
+        }
     }
 }
 
