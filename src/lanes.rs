@@ -1,17 +1,17 @@
 //! Hot loops over key values, compiled for AVX2 where the CPU has it.
 //!
 //! The crate is built for x86-64's baseline, whose vector instructions have
-//! no 32-bit minimum or maximum. The span of a build side's raw keys,
-//! gathered on every core as they are copied for their upload while the
-//! device waits, took a third longer than a plain copy of the same bytes
-//! there; with AVX2 its loop is four to six times faster
-//! (docs/benchmarks.md). So that loop is compiled twice, and the AVX2 copy
-//! runs where the CPU has it.
+//! no 32-bit minimum or maximum. A build side's raw keys are copied on every
+//! core for their upload while the device waits, their span gathered in
+//! the same pass; on the baseline that copy took a third to a half longer
+//! than a plain copy of as many bytes, and with AVX2 the span's loop is
+//! four to six times faster (docs/benchmarks.md). So that loop is compiled
+//! twice, and the AVX2 copy runs where the CPU has it.
 //!
-//! Not every loop gains: one that calls out of the closure (the key
-//! encoder's, through its code closure and iterator adapters) was not
-//! inlined into the AVX2 copy and ran several times slower there. Measure
-//! a loop before handing it here.
+//! Not every loop gains: the key encoder's, which calls out of the closure
+//! (its code closure, the iterator adapters), was not compiled into the
+//! AVX2 copy and ran several times slower there. Measure a loop before
+//! handing it here.
 
 /// Runs `body`, compiled with AVX2 where the CPU has it. Only code inlined
 /// into `body` takes the wider lanes: mark the closure `#[inline(always)]`
