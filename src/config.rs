@@ -212,7 +212,8 @@ extensions_options! {
         /// partition that turns out the smaller side builds the hash table
         /// and the build side's rows stream through it: in `Partitioned`
         /// mode one with fewer than half its partition's build rows, in
-        /// `CollectLeft` mode one of at most 1,024 rows that, counted once
+        /// `CollectLeft` mode one of at most 1,024 rows (8,192 where there
+        /// are no more partitions than twice the cores) that, counted once
         /// for every partition, is under half the shared build side.
         pub build_smaller_side: bool, default = true
         /// CUDA device ordinal.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray, StringViewArray};
+use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch, StringArray, StringViewArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::streaming::StreamingTable;
@@ -639,6 +639,44 @@ async fn a_probe_partition_smaller_than_a_shared_build_side_builds_the_hash_tabl
     let (swapped, kept): (Vec<&str>, Vec<&str>) =
         (swapped.iter().map(String::as_str).collect(), kept.iter().map(String::as_str).collect());
     check_swapped_sides(&ctx, &reference, "CollectLeft", &swapped, &kept).await;
+}
+
+/// In `CollectLeft` mode a probe partition of more than 1,024 rows, up to
+/// a batch, also swaps sides where the cores can stream the shared build
+/// side for every partition at once (no more than two partitions a core):
+/// here four probe partitions of 1,500 rows against 20,000 build rows,
+/// which allow 2,500 rows a partition.
+#[tokio::test]
+async fn a_probe_partition_of_up_to_a_batch_swaps_where_the_cores_can_stream_the_build_side() {
+    let big = "CREATE TABLE big (k INT, v INT) AS SELECT i % 3000, i FROM generate_series(1, 40000) t(i)";
+    let (ctx, reference) = four_partition_sessions(&["SET datafusion.optimizer.join_reordering = false"], &[big]).await;
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false), Field::new("w", DataType::Int32, false)]));
+    let partition = |p: i32| {
+        let rows = (p * 1500)..((p + 1) * 1500);
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int32Array::from_iter_values(rows.clone().map(|i| (i * 7) % 5000))),
+            Arc::new(Int32Array::from_iter_values(rows)),
+        ];
+        vec![RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()]
+    };
+    let mid = MemTable::try_new(Arc::clone(&schema), (0..4).map(partition).collect()).unwrap();
+    let mid = Arc::new(mid);
+    for context in [&ctx, &reference] {
+        context.register_table("mid", Arc::clone(&mid) as Arc<dyn TableProvider>).unwrap();
+    }
+    // 20,000 build rows go to DataFusion's operator; the 40,000 the filter
+    // may pass keep the join replaced.
+    run(&ctx, "SET gpu_join.min_build_rows = 30000").await;
+    let sql = "SELECT m.v, mid.w FROM (SELECT * FROM big WHERE v % 2 = 0) m JOIN mid ON m.k = mid.k";
+    let analyzed = explain_analyze(&ctx, sql).await;
+    let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+    assert!(line.contains("mode=CollectLeft") && line.contains("probe_rows=6.00 K"), "{line}");
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let swaps = 4 <= 2 * cores;
+    assert_eq!(line.contains("algorithm=DataFusion (sides swapped),"), swaps, "{line}");
+    assert_eq!(line.contains("a probe partition of 1500 rows built the hash table"), swaps, "{line}");
+    assert_eq!(sorted_rows(&run(&ctx, sql).await), sorted_rows(&run(&reference, sql).await));
 }
 
 /// A join whose build side can have fewer rows than `min_build_rows` at
