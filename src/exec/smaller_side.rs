@@ -34,7 +34,7 @@
 //! a hash repartition, whose rows come in an order that varies between
 //! runs anyway.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
@@ -68,13 +68,11 @@ const SHARED_BUILD_SWAP_ROWS: usize = 1024;
 /// table of 724,913 rows on one thread in about 7 ms.
 const SHARED_BUILD_SWAP_BATCH_ROWS: usize = 8192;
 
-/// The cores, read once: each read looks up the process's CPU quota.
-static CORES: LazyLock<usize> = LazyLock::new(|| std::thread::available_parallelism().map_or(1, usize::from));
-
 /// The most rows of a probe partition, one of `partitions`, that swaps
-/// against a shared build side.
+/// against a shared build side. The cores are counted as the host work's
+/// thread pools are sized, by rayon (its count is kept, not looked up).
 fn shared_build_swap_rows(partitions: usize) -> usize {
-    match partitions <= 2 * *CORES {
+    match partitions <= 2 * rayon::current_num_threads() {
         true => SHARED_BUILD_SWAP_BATCH_ROWS,
         false => SHARED_BUILD_SWAP_ROWS,
     }
