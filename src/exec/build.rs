@@ -248,8 +248,8 @@ async fn collect_input(
 /// it counts what it read into the reservation and `rows_in`, and yields if
 /// asked. Counted and yielding after every batch, sixteen tasks reading
 /// 1,024 batches in memory each wrote the same two counters and handed
-/// their workers back 1,024 times: 3.9 to 7.1 ms per task, against 2.9 to
-/// 4.4 ms counted every 50 µs (operator benchmark, docs/benchmarks.md).
+/// their workers back 1,024 times: 4.0 to 6.1 ms per task, against 3.2 to
+/// 4.0 ms counted every 50 µs (operator benchmark, docs/benchmarks.md).
 const COUNT_EVERY: Duration = Duration::from_micros(50);
 
 /// Reads partition `partition` of `plan` whole, as [`collect_input`] says;
