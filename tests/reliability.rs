@@ -1,10 +1,14 @@
 //! The operator under load and under failure: concurrent queries on one
 //! device, cancellation, allocation failures, build sides joined in passes,
-//! outputs beyond 2^31 rows, and pinned memory from plenty to none.
+//! outputs beyond 2^31 rows, pinned memory from plenty to none, and build
+//! sides held in the session's memory pool.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datafusion::error::DataFusionError;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
@@ -12,8 +16,8 @@ use futures::StreamExt;
 use crate::common::{
     datafusion_context, gpu_context, run, sorted_rows, test_backend, test_backend_choice, test_options,
 };
-use datafusion_gpu_join::GpuJoinExec;
 use datafusion_gpu_join::config::BackendChoice;
+use datafusion_gpu_join::{GpuJoinExec, SessionStateBuilderExt};
 
 const BUILD_ROWS: usize = 60_000;
 const PROBE_ROWS: usize = 200_000;
@@ -371,4 +375,45 @@ async fn pinned_memory_of_any_size_gives_the_same_rows() {
             assert_eq!(sorted_rows(&run(&ctx, query).await), expected, "{query} with a {pool}-byte pinned pool");
         }
     }
+}
+
+/// A session whose memory pool holds `bytes`, with the GPU join or
+/// without it.
+fn session_with_memory(bytes: usize, gpu_join: bool) -> SessionContext {
+    let runtime = RuntimeEnvBuilder::new().with_memory_limit(bytes, 1.0).build_arc().expect("a runtime");
+    let builder = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config().with_option_extension(test_options()))
+        .with_runtime_env(runtime);
+    let state = match gpu_join {
+        true => builder.with_gpu_join().build(),
+        false => builder.build(),
+    };
+    SessionContext::new_with_state(state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn build_sides_are_held_in_the_sessions_memory_pool() {
+    // The build side, read by a task per partition of r, is counted in the
+    // session's pool as it is read: a pool too small for it stops the join
+    // for want of memory, as it stops DataFusion's, and one large enough
+    // is empty again once the rows are out.
+    let query = "select r.k, p, q from r join s on r.k = s.k";
+    for gpu_join in [false, true] {
+        let ctx = session_with_memory(256 << 10, gpu_join);
+        create_tables(&ctx).await;
+        let error = ctx.sql(query).await.expect("planned").collect().await.expect_err("a join over the pool's limit");
+        assert!(matches!(error.find_root(), DataFusionError::ResourcesExhausted(_)), "{error}");
+        if gpu_join {
+            // The pool names the consumer that asked for more.
+            assert!(error.to_string().contains("for GpuJoinBuild["), "not the build side's reservation: {error}");
+        }
+    }
+    let (ctx, reference) = (session_with_memory(256 << 20, true), session_with_memory(256 << 20, false));
+    create_tables(&ctx).await;
+    create_tables(&reference).await;
+    let plan = ctx.sql(query).await.expect("planned").create_physical_plan().await.expect("a plan");
+    assert!(find_join(&plan).is_some(), "the join runs on the GPU join");
+    assert_eq!(sorted_rows(&run(&ctx, query).await), sorted_rows(&run(&reference, query).await));
+    assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0);
 }
