@@ -425,12 +425,16 @@ fn synchronize(instance: &Instance, what: &str) -> Result<()> {
     instance.synchronize(what)
 }
 
-/// One transfer of `host` to `destination`, waited for.
+/// One transfer of pageable `host` to `destination`, enqueued, not waited
+/// for: the driver has staged pageable bytes by the time the call returns,
+/// so `host` may go at once. Waiting held a join's thread, at each of its
+/// radix passes (whose column descriptors come this way), behind every
+/// transfer that other streams had queued on the copy engine.
 fn upload_direct(instance: &Instance, host: &[u8], destination: CUdeviceptr, what: &str) -> Result<()> {
-    // SAFETY: the destination holds at least host.len() bytes.
+    // SAFETY: the destination holds at least host.len() bytes; the source
+    // is read before the call returns (pageable memory is staged).
     unsafe { result::memcpy_htod_async(destination, host, instance.stream.cu_stream()) }
-        .map_err(|e| cuda_error(what, e))?;
-    synchronize(instance, what)
+        .map_err(|e| cuda_error(what, e))
 }
 
 /// Uploads `len` bytes that `fill` writes to `destination`; ordered before
