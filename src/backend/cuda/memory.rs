@@ -323,7 +323,8 @@ impl DeviceBuffer<u8> {
     /// Bytes `range` of an Arrow buffer. From pinned memory the transfer is
     /// only enqueued, and `host` is held until the stream is next waited
     /// for, so that transfers of several columns, and the encoding of keys
-    /// on the host, overlap; from other memory it is waited for.
+    /// on the host, overlap; from other memory the bytes are copied first,
+    /// as [`DeviceBuffer::upload`] copies them.
     pub(crate) fn upload_buffer(instance: &Instance, host: &Buffer, range: Range<usize>, what: &str) -> Result<Self> {
         let bytes = host
             .as_slice()
