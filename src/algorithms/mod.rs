@@ -29,8 +29,8 @@ pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
 pub use host_rows::{HostRows, assemble_columns};
 pub use pair_filter::{ColumnComparison, PairFilter};
 pub use pipeline::{
-    BuildSide, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, ProbeOutput, ProbePlan, Settle, evaluate_keys,
-    finish_build_side, join_loaded_chunk, load_probe_chunk, prepare_build_side,
+    BuildSide, CollectedKeys, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, ProbeOutput, ProbePlan, Settle,
+    evaluate_keys, finish_build_side, join_loaded_chunk, load_probe_chunk, prepare_build_side,
 };
 pub(crate) use side::columns_held;
 pub use strategy::{Algorithm, Strategy};

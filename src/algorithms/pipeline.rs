@@ -133,6 +133,11 @@ pub fn evaluate_keys(expressions: &[PhysicalExprRef], batch: &RecordBatch) -> Re
     expressions.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect()
 }
 
+/// A build side's key columns evaluated on each batch as it was collected,
+/// in the batches' order: the evaluation is then spread over the tasks
+/// reading the input rather than left to the build side's preparation.
+pub type CollectedKeys = Vec<Vec<ArrayRef>>;
+
 /// Batches of a side from which on its keys are evaluated on every core;
 /// fewer are evaluated on the calling thread.
 const PARALLEL_PIECES: usize = 1024;
@@ -159,12 +164,29 @@ impl StagedKeys {
             true => batches.par_iter().with_min_len(PARALLEL_PIECES).map(evaluate).collect::<Result<Vec<_>>>()?,
             false => batches.iter().map(evaluate).collect::<Result<Vec<_>>>()?,
         };
+        Ok(Self::of_pieces(pieces, batches))
+    }
+
+    /// The keys of `batches`: `collected`, where the side's collection
+    /// evaluated them batch by batch, else evaluated here.
+    fn collected_or_evaluated(
+        expressions: &[PhysicalExprRef],
+        batches: &[RecordBatch],
+        collected: Option<CollectedKeys>,
+    ) -> Result<Self> {
+        match collected {
+            Some(pieces) if pieces.len() == batches.len() => Ok(Self::of_pieces(pieces, batches)),
+            _ => Self::evaluate(expressions, batches),
+        }
+    }
+
+    fn of_pieces(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Self {
         let (mut starts, mut rows) = (Vec::with_capacity(batches.len()), 0);
         for batch in batches {
             starts.push(rows);
             rows += batch.num_rows();
         }
-        Ok(Self { starts, pieces, rows })
+        Self { starts, pieces, rows }
     }
 
     /// Lets the pieces go on every core: a build side's are thousands of
@@ -282,18 +304,9 @@ struct EarlyKeys<B: JoinBackend> {
     raw: Option<(B::Vector<u32>, KeyRanges)>,
 }
 
-/// Stages the build side's keys and uploads them as their raw bits,
-/// gathering their span on the way, where its one key column allows;
-/// `None`, with nothing staged, where its type does not.
-fn upload_raw_keys<B: JoinBackend>(
-    backend: &B,
-    definition: &JoinDefinition,
-    rows: &HostRows,
-) -> Result<Option<EarlyKeys<B>>> {
-    if !rows.parts().first().is_some_and(|batch| definition.build_keys_may_go_up_raw(&batch.schema())) {
-        return Ok(None);
-    }
-    let staged = StagedKeys::evaluate(&definition.build_keys, rows.parts())?;
+/// Uploads the build side's staged keys as their raw bits, gathering their
+/// span on the way, where none of them is NULL.
+fn upload_raw_keys<B: JoinBackend>(backend: &B, staged: StagedKeys) -> Result<EarlyKeys<B>> {
     let raw = match staged.raw_keys() {
         Some(raw) => {
             let span = RawSpan::default();
@@ -303,7 +316,7 @@ fn upload_raw_keys<B: JoinBackend>(
         // A NULL among them: encoded on the host, from the keys staged here.
         None => None,
     };
-    Ok(Some(EarlyKeys { staged, raw }))
+    Ok(EarlyKeys { staged, raw })
 }
 
 /// Stages the build side's key columns (unless staged early), picks the
@@ -315,6 +328,7 @@ fn encode_and_choose<B: JoinBackend>(
     rows: &HostRows,
     ranges: Option<&KeyRanges>,
     early: Option<EarlyKeys<B>>,
+    collected: Option<CollectedKeys>,
     profile: choice::DeviceProfile,
 ) -> Result<EncodedChoice<B>> {
     let (staged_keys, ranges, raw_keys) = match early {
@@ -322,7 +336,7 @@ fn encode_and_choose<B: JoinBackend>(
         early => {
             let staged = match early {
                 Some(early) => early.staged,
-                None => StagedKeys::evaluate(&definition.build_keys, rows.parts())?,
+                None => StagedKeys::collected_or_evaluated(&definition.build_keys, rows.parts(), collected)?,
             };
             let ranges = match ranges {
                 Some(ranges) => ranges.clone(),
@@ -349,8 +363,9 @@ fn encode_and_choose<B: JoinBackend>(
 }
 
 /// Collects nothing itself: `rows` are the whole build side, and `ranges`
-/// the spans of its keys where they were gathered as it was collected;
-/// where they were not, keys that may go up as their raw bits go up first,
+/// the spans of its keys where they were gathered as it was collected, and
+/// `collected` its keys where they were evaluated then, batch by batch;
+/// where the spans were not gathered, keys that may go up as their raw bits go up first,
 /// their spans gathered on the way, for the encoding and the choice wait
 /// for the spans and the output columns' upload does not.
 /// `planned` is handed the probe plan once the host has encoded the build
@@ -362,6 +377,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     definition: &JoinDefinition,
     rows: HostRows,
     ranges: Option<&KeyRanges>,
+    mut collected: Option<CollectedKeys>,
     timers: &PhaseTimers,
     planned: impl FnOnce(&Arc<ProbePlan>),
 ) -> Result<BuildSide<B>> {
@@ -369,9 +385,13 @@ pub fn prepare_build_side<B: JoinBackend>(
     // Measured once per device and kept: measured beside this side's
     // upload, it would time the primitives against that upload.
     let profile = choice::device_profile(backend);
-    let early = match ranges {
-        None => upload_raw_keys(backend, definition, &rows)?,
-        Some(_) => None,
+    let raw = rows.parts().first().is_some_and(|batch| definition.build_keys_may_go_up_raw(&batch.schema()));
+    let early = match (ranges, raw) {
+        (None, true) => {
+            let keys = &definition.build_keys;
+            Some(upload_raw_keys(backend, StagedKeys::collected_or_evaluated(keys, rows.parts(), collected.take())?)?)
+        }
+        _ => None,
     };
     // The output columns go up while the host works out how to encode the
     // keys and which strategy to use: their upload depends on neither, and
@@ -379,7 +399,7 @@ pub fn prepare_build_side<B: JoinBackend>(
     // bandwidth the copies need.
     let (uploaded, keyed) = rayon::join(
         || upload_columns(backend, &rows, &definition.build_output_columns(), true),
-        || encode_and_choose(backend, definition, &rows, ranges, early, profile),
+        || encode_and_choose(backend, definition, &rows, ranges, early, collected, profile),
     );
     let (uploaded, EncodedChoice { staged_keys, plan, keys, raw_keys }) = (uploaded?, keyed?);
     let (encoder, strategy) = (&plan.encoder, plan.choice.strategy);
@@ -762,6 +782,29 @@ mod tests {
                 row += batch.num_rows();
             }
             assert_eq!((staged.pieces.len(), staged.rows), (count, row));
+        }
+        Ok(())
+    }
+
+    /// Keys evaluated as the side was collected are taken one piece per
+    /// batch; where their count is not the batches', they are evaluated
+    /// again.
+    #[test]
+    fn collected_keys_are_taken_one_piece_per_batch() -> Result<()> {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]));
+        let keys: Vec<PhysicalExprRef> = vec![Arc::new(Column::new("k", 0))];
+        let batches = [vec![1, 2], vec![3], vec![4, 5, 6]]
+            .into_iter()
+            .map(|values| RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int32Array::from(values))]))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let collected: CollectedKeys =
+            batches.iter().map(|batch| evaluate_keys(&keys, batch)).collect::<Result<_>>()?;
+        for given in [Some(collected.clone()), Some(collected[..2].to_vec()), Some(vec![]), None] {
+            let staged = StagedKeys::collected_or_evaluated(&keys, &batches, given)?;
+            assert_eq!((staged.starts.as_slice(), staged.rows, staged.pieces.len()), ([0, 2, 3].as_slice(), 6, 3));
+            for (piece, batch) in staged.pieces.iter().zip(&batches) {
+                assert_eq!(piece[0].as_ref(), batch.column(0).as_ref());
+            }
         }
         Ok(())
     }

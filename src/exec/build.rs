@@ -28,6 +28,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -46,7 +47,8 @@ use super::smaller_side::{SwappableBuild, may_swap_sides};
 use super::staging::assemble_rows;
 use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{
-    BuildSide, HostRows, JoinDefinition, ProbePlan, choice, columns_held, evaluate_keys, prepare_build_side,
+    BuildSide, CollectedKeys, HostRows, JoinDefinition, ProbePlan, choice, columns_held, evaluate_keys,
+    prepare_build_side,
 };
 use crate::arrays::{PARALLEL_CONCAT_ROWS, concat_record_batches};
 use crate::backend::{Admission, DeviceCounters, JoinBackend};
@@ -139,6 +141,8 @@ struct CollectedInput<B: JoinBackend> {
     options: GpuJoinConfig,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
+    /// Its keys evaluated on each batch, where they were as it was collected.
+    keys: Option<CollectedKeys>,
     /// The spans of its keys; `None` when it has no batch.
     ranges: Option<KeyRanges>,
     rows: usize,
@@ -200,7 +204,7 @@ fn transform_bytes(definition: &JoinDefinition, schema: &Schema, rows: usize) ->
 
 /// The batches of partition `partition` of the build input, in host memory
 /// accounted in `reservation` and counted in `rows_in` as they come, and
-/// the spans of their keys (`spans_of`), where asked. A
+/// their keys and the spans of those, as `keys` asks. A
 /// build input coalesced from several partitions is read one task per
 /// partition, rather than batch by batch through the coalescing channel,
 /// which costs more than the copy for DataFusion's small batches. Each task
@@ -216,32 +220,41 @@ async fn collect_input(
     partition: usize,
     context: &Arc<TaskContext>,
     reservation: &Arc<MemoryReservation>,
-    spans_of: Option<&[PhysicalExprRef]>,
+    keys: &KeyReading,
     rows_in: Arc<AtomicUsize>,
 ) -> Result<Collected> {
     let coalesced = match left.downcast_ref::<CoalescePartitionsExec>() {
         Some(coalesce) if coalesce.fetch().is_none() => coalesce.input(),
-        _ => return read_partition(left, partition, context, reservation, spans_of, &rows_in, false).await,
+        _ => return read_partition(left, partition, context, reservation, keys, &rows_in, false).await,
     };
     let tasks = (0..coalesced.output_partitioning().partition_count())
         .map(|p| {
             let (plan, context) = (Arc::clone(coalesced), Arc::clone(context));
-            let (reservation, keys, rows_in) =
-                (Arc::clone(reservation), spans_of.map(<[_]>::to_vec), Arc::clone(&rows_in));
-            SpawnedTask::spawn(async move {
-                read_partition(&plan, p, &context, &reservation, keys.as_deref(), &rows_in, true).await
-            })
+            let (reservation, keys, rows_in) = (Arc::clone(reservation), keys.clone(), Arc::clone(&rows_in));
+            SpawnedTask::spawn(
+                async move { read_partition(&plan, p, &context, &reservation, &keys, &rows_in, true).await },
+            )
         })
         .collect::<Vec<_>>();
-    let (mut batches, mut ranges) = (vec![], None);
+    let mut collected = Collected::default();
     for task in tasks {
-        let collected =
-            task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))?;
-        let (part, part_ranges) = collected?;
-        batches.extend(part);
-        ranges = merge_ranges(ranges, part_ranges);
+        let part = task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))?;
+        let part = part?;
+        collected.batches.extend(part.batches);
+        collected.keys.extend(part.keys);
+        collected.ranges = merge_ranges(collected.ranges, part.ranges);
     }
-    Ok((batches, ranges))
+    Ok(collected)
+}
+
+/// What the tasks reading a build input do with each batch's keys.
+#[derive(Clone)]
+struct KeyReading {
+    expressions: Vec<PhysicalExprRef>,
+    /// Keep them, for the build side's preparation.
+    keep: bool,
+    /// Gather their spans.
+    spans: bool,
 }
 
 /// How long a task reading a build input keeps its worker: after as long,
@@ -260,19 +273,25 @@ async fn read_partition(
     partition: usize,
     context: &Arc<TaskContext>,
     reservation: &MemoryReservation,
-    spans_of: Option<&[PhysicalExprRef]>,
+    keys: &KeyReading,
     rows_in: &AtomicUsize,
     yields: bool,
 ) -> Result<Collected> {
     let mut input = plan.execute(partition, Arc::clone(context))?;
-    let (mut batches, mut ranges): Collected = (vec![], None);
+    let mut collected = Collected::default();
     let (mut bytes, mut rows, mut counted) = (0, 0, Instant::now());
     while let Some(batch) = input.next().await.transpose()? {
-        if let Some(keys) = spans_of {
-            ranges = merge_ranges(ranges, Some(KeyRanges::of_piece(&evaluate_keys(keys, &batch)?)));
+        if keys.keep || keys.spans {
+            let evaluated = evaluate_keys(&keys.expressions, &batch)?;
+            if keys.spans {
+                collected.ranges = merge_ranges(collected.ranges, Some(KeyRanges::of_piece(&evaluated)));
+            }
+            if keys.keep {
+                collected.keys.push(evaluated);
+            }
         }
         (bytes, rows) = (bytes + batch.get_array_memory_size(), rows + batch.num_rows());
-        batches.push(batch);
+        collected.batches.push(batch);
         if counted.elapsed() < COUNT_EVERY {
             continue;
         }
@@ -290,11 +309,17 @@ async fn read_partition(
     }
     reservation.try_grow(bytes)?;
     rows_in.fetch_add(rows, Ordering::Relaxed);
-    Ok((batches, ranges))
+    Ok(collected)
 }
 
-/// Batches collected so far, and the spans of their keys.
-type Collected = (Vec<RecordBatch>, Option<KeyRanges>);
+/// Batches collected so far, their keys where kept, and the spans of those
+/// where gathered.
+#[derive(Default)]
+struct Collected {
+    batches: Vec<RecordBatch>,
+    keys: CollectedKeys,
+    ranges: Option<KeyRanges>,
+}
 
 pub(super) fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option<KeyRanges> {
     match (a, b) {
@@ -370,12 +395,16 @@ impl<B: JoinBackend> DeviceJoin<B> {
         // Keys that go up as their raw bits have their spans gathered on
         // the way, unless the probe side's scan waits for them: one read of
         // them less before the build side goes up.
-        let spans_of = match report.is_none() && self.definition.build_keys_may_go_up_raw(&inputs.left.schema()) {
-            true => None,
-            false => Some(self.definition.build_keys.as_slice()),
-        };
-        let (batches, ranges) =
-            collect_input(&inputs.left, partition, &inputs.context, &reservation, spans_of, rows_in).await?;
+        let spans = report.is_some() || !self.definition.build_keys_may_go_up_raw(&inputs.left.schema());
+        // Keys that are columns cost an array's reference each to evaluate;
+        // evaluated here, the thousands of DataFusion's batches of a large
+        // build side are spread over the tasks reading them, not left to
+        // its preparation, which waited 0.55 to 4 ms for them (traced in
+        // the operator benchmark, docs/benchmarks.md).
+        let keep = self.definition.build_keys.iter().all(|key| key.downcast_ref::<Column>().is_some());
+        let reading = KeyReading { expressions: self.definition.build_keys.clone(), keep, spans };
+        let Collected { batches, keys, ranges } =
+            collect_input(&inputs.left, partition, &inputs.context, &reservation, &reading, rows_in).await?;
         if let Some(report) = report {
             let keys = &self.definition.build_keys;
             report.send(ranges.as_ref(), &batches, keys, &inputs.context.session_config().options().optimizer);
@@ -399,6 +428,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             options: options.clone(),
             schema,
             batches,
+            keys: keep.then_some(keys),
             ranges,
             rows,
             bytes,
@@ -442,6 +472,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             options,
             schema,
             mut batches,
+            keys,
             ranges,
             rows,
             bytes,
@@ -462,7 +493,9 @@ impl<B: JoinBackend> DeviceJoin<B> {
             })
             .await?;
             timer.stop();
-            match self.prepare_admitted(&backend, &metrics, &options, host_rows.clone(), ranges, Some(planned)).await {
+            let prepared =
+                self.prepare_admitted(&backend, &metrics, &options, host_rows.clone(), ranges, keys, Some(planned));
+            match prepared.await {
                 Ok(side) => {
                     return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
                 }
@@ -564,7 +597,10 @@ impl<B: JoinBackend> DeviceJoin<B> {
     /// admission; one that runs out of memory is prepared again, alone on
     /// the device, with a probe plan of its own. Its host memory is
     /// accounted by whoever collected it; `ranges`, the spans of its keys,
-    /// by whoever gathered them. `planned`, if any, hears of each probe plan.
+    /// and `keys`, its keys, by whoever gathered them (the keys are
+    /// evaluated again if it is prepared again). `planned`, if any, hears
+    /// of each probe plan.
+    #[allow(clippy::too_many_arguments)]
     pub async fn prepare_admitted(
         &self,
         backend: &B,
@@ -572,18 +608,19 @@ impl<B: JoinBackend> DeviceJoin<B> {
         options: &GpuJoinConfig,
         rows: HostRows,
         ranges: Option<KeyRanges>,
+        keys: Option<CollectedKeys>,
         planned: Option<&PlanSender>,
     ) -> Result<BuildSide<B>> {
         let _compute = metrics.baseline.elapsed_compute().timer();
         let admission = self.admission();
         let permit = admitted(metrics, admission.shared(options.concurrent_tasks)).await?;
-        let prepared = match self.prepare(backend, metrics, rows.clone(), ranges.clone(), planned).await {
+        let prepared = match self.prepare(backend, metrics, rows.clone(), ranges.clone(), keys, planned).await {
             Err(e) if is_out_of_memory(&e) => {
                 drop(permit);
                 log::info!("gpu_join: preparing the build side again, alone on the device: {e}");
                 metrics.out_of_memory_retries.add(1);
                 let _permit = admitted(metrics, admission.exclusive()).await?;
-                self.prepare(backend, metrics, rows, ranges, planned).await
+                self.prepare(backend, metrics, rows, ranges, None, planned).await
             }
             prepared => prepared,
         }?;
@@ -597,6 +634,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         metrics: &GpuJoinMetrics,
         rows: HostRows,
         ranges: Option<KeyRanges>,
+        keys: Option<CollectedKeys>,
         planned: Option<&PlanSender>,
     ) -> Result<BuildSide<B>> {
         let _prepare = metrics.build_prepare_time.timer();
@@ -608,7 +646,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
                     planned.send_replace(Some(Arc::clone(plan)));
                 }
             };
-            on_build_pool(|| prepare_build_side(&backend, &definition, rows, ranges.as_ref(), &timers, announce))
+            on_build_pool(|| prepare_build_side(&backend, &definition, rows, ranges.as_ref(), keys, &timers, announce))
         })
         .await
     }

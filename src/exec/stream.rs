@@ -203,6 +203,7 @@ impl<B: JoinBackend> Partition<'_, B> {
                         rows,
                         None,
                         None,
+                        None,
                     )
                 };
                 Ok(BuildNow::Ready(passes.acquire(*pass, prepare).await?))
