@@ -362,12 +362,12 @@ fn encode_and_choose<B: JoinBackend>(
     Ok(EncodedChoice { staged_keys, plan, keys, raw_keys })
 }
 
-/// Collects nothing itself: `rows` are the whole build side, and `ranges`
-/// the spans of its keys where they were gathered as it was collected, and
-/// `collected` its keys where they were evaluated then, batch by batch;
-/// where the spans were not gathered, keys that may go up as their raw bits go up first,
-/// their spans gathered on the way, for the encoding and the choice wait
-/// for the spans and the output columns' upload does not.
+/// Collects nothing itself: `rows` are the whole build side, `ranges` the
+/// spans of its keys where they were gathered as it was collected, and
+/// `collected` its keys where they were evaluated then, batch by batch.
+/// Where the spans were not gathered, keys that may go up as their raw bits
+/// go up first, their spans gathered on the way, for the encoding and the
+/// choice wait for the spans and the output columns' upload does not.
 /// `planned` is handed the probe plan once the host has encoded the build
 /// side's keys and copied its columns for the upload: loading probe chunks
 /// earlier (as soon as the plan is known) took the host and the link from

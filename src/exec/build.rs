@@ -238,8 +238,8 @@ async fn collect_input(
         .collect::<Vec<_>>();
     let mut collected = Collected::default();
     for task in tasks {
-        let part = task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))?;
-        let part = part?;
+        let part =
+            task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))??;
         collected.batches.extend(part.batches);
         collected.keys.extend(part.keys);
         collected.ranges = merge_ranges(collected.ranges, part.ranges);
