@@ -406,8 +406,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
         let Collected { batches, keys, ranges } =
             collect_input(&inputs.left, partition, &inputs.context, &reservation, &reading, rows_in).await?;
         if let Some(report) = report {
-            let keys = &self.definition.build_keys;
-            report.send(ranges.as_ref(), &batches, keys, &inputs.context.session_config().options().optimizer);
+            let options = &inputs.context.session_config().options().optimizer;
+            report.send(ranges.as_ref(), &batches, &self.definition.build_keys, options);
         }
         let reservation = Arc::into_inner(reservation)
             .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
