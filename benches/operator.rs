@@ -39,7 +39,13 @@
 //!   GPU_JOIN_BENCH_GPU_ONLY=1 cargo bench --bench operator  # GPU session settings; DataFusion not timed
 //! GPU_JOIN_BENCH_SESSION_SETTINGS='set datafusion.execution.batch_size = 65536' \
 //!   cargo bench --bench operator                       # settings of both sessions
+//! GPU_JOIN_BENCH_PINNED=1 cargo bench --bench operator # tables kept in pinned memory
 //! ```
+//!
+//! With `GPU_JOIN_BENCH_PINNED` both sessions read the narrow and wide
+//! tables from batches kept in pinned memory (`gpu_join_pin_batches`), which
+//! the GPU join reads where they lie; the floors are still measured on the
+//! tables' batches as made, in pageable memory.
 
 // Both sessions run on mimalloc, the allocator DataFusion's own command-line
 // tool and benchmark runner are built with, so DataFusion is timed as its own
@@ -78,10 +84,15 @@ const PCIE_BYTES_PER_SECOND: f64 = 55e9;
 
 struct Workload {
     name: &'static str,
+    /// Its name where the tables are kept in pinned memory.
+    pinned_name: &'static str,
     payloads: usize,
 }
 
-const WORKLOADS: [Workload; 2] = [Workload { name: "narrow", payloads: 1 }, Workload { name: "wide", payloads: 2 }];
+const WORKLOADS: [Workload; 2] = [
+    Workload { name: "narrow", pinned_name: "narrow, tables pinned", payloads: 1 },
+    Workload { name: "wide", pinned_name: "wide, tables pinned", payloads: 2 },
+];
 
 /// A table's batches, partition by partition.
 type Partitions = Vec<Vec<RecordBatch>>;
@@ -112,6 +123,13 @@ fn table(prefix: &str, keys: Vec<i32>, payloads: usize) -> (MemTable, Partitions
         })
         .collect();
     (MemTable::try_new(schema, partitions.clone()).expect("a table"), partitions)
+}
+
+/// A table over `partitions` kept in pinned memory.
+fn pinned_table(partitions: Partitions) -> MemTable {
+    let backend = cuda_backend(&GpuJoinConfig::default()).expect("a CUDA device");
+    let pinned = backend.pin_partitions(partitions).expect("the batches pinned");
+    MemTable::try_new(pinned[0][0].schema(), pinned).expect("a table")
 }
 
 /// The values of every column of the tables' batches, batch by batch.
@@ -387,18 +405,29 @@ fn operator(c: &mut Criterion) {
     let settings = std::env::var("GPU_JOIN_BENCH_SETTINGS").unwrap_or_default();
     let session_settings = std::env::var("GPU_JOIN_BENCH_SESSION_SETTINGS").unwrap_or_default();
     let gpu_only = std::env::var("GPU_JOIN_BENCH_GPU_ONLY").is_ok();
+    let pinned = std::env::var("GPU_JOIN_BENCH_PINNED").is_ok();
     let mut rows = vec![];
     for workload in WORKLOADS.iter().filter(|w| only.is_empty() || only.split('|').any(|n| n == w.name)) {
         let (r, r_batches) = table("p", build_keys.clone(), workload.payloads);
         let (s, s_batches) = table("q", probe_keys.clone(), workload.payloads);
         let host_floor = host_copy_floor(&[&r_batches, &s_batches]);
+        let name = if pinned { workload.pinned_name } else { workload.name };
         // The workload's bytes: every input column up, the projected output
         // (every probe row matches once) down.
         let input_bytes = (build_keys.len() + probe_keys.len()) * size_of::<i32>() * (1 + workload.payloads);
         let output_bytes = probe_keys.len() * size_of::<i32>() * 2 * workload.payloads;
         let transfer_floor =
             transfer_floor(&[&r_batches, &s_batches], output_bytes).expect("the transfer floor measured");
-        drop((r_batches, s_batches));
+        let (r, s) = match pinned {
+            true => {
+                drop((r, s));
+                (pinned_table(r_batches), pinned_table(s_batches))
+            }
+            false => {
+                drop((r_batches, s_batches));
+                (r, s)
+            }
+        };
         let (r, s) = (Arc::new(r), Arc::new(s));
         let sums: Vec<String> =
             (1..=workload.payloads).flat_map(|i| [format!("sum(p{i})"), format!("sum(q{i})")]).collect();
@@ -414,9 +443,9 @@ fn operator(c: &mut Criterion) {
 
         let (_, expected) = runtime.block_on(run_query(&cpu, &query));
         let (_, actual) = runtime.block_on(run_query(&gpu, &query));
-        assert_eq!(expected, actual, "{}: the GPU session's result differs from DataFusion's", workload.name);
+        assert_eq!(expected, actual, "{name}: the GPU session's result differs from DataFusion's");
 
-        let mut group = c.benchmark_group(format!("operator-{}", workload.name));
+        let mut group = c.benchmark_group(format!("operator-{}", name.replace(", ", "-").replace(' ', "-")));
         group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
         let mut times = vec![];
         let engines: &[(&str, &SessionContext)] = match gpu_only {
@@ -456,15 +485,11 @@ fn operator(c: &mut Criterion) {
         group.finish();
         let joins = joins.into_inner().expect("joins");
         let last = joins.last().cloned().unwrap_or_default();
-        println!("{}: GPU join metrics of the last run, summed over partitions: {}", workload.name, last.metrics);
+        println!("{name}: GPU join metrics of the last run, summed over partitions: {}", last.metrics);
         let analyzed = runtime.block_on(run_query(&gpu, &format!("explain analyze {query}"))).1;
-        println!(
-            "{}: the GPU session's plan, analyzed:\n{}",
-            workload.name,
-            pretty_format_batches(&analyzed).expect("a plan")
-        );
+        println!("{}: the GPU session's plan, analyzed:\n{}", name, pretty_format_batches(&analyzed).expect("a plan"));
         rows.push(Row {
-            workload: workload.name,
+            workload: name,
             datafusion: times[0],
             gpu: times[1],
             join: median(joins.iter().map(|j| j.elapsed).collect()),

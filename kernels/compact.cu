@@ -48,10 +48,14 @@ extern "C" __global__ void sequence(u32* out, u64 n) {
     if (i < n) out[i] = (u32)i;
 }
 
-// values[i] - by, wrapping, in place.
-extern "C" __global__ void subtract_u32(u32* values, u64 n, u32 by) {
+// Raw 4-byte key values as key codes, in place: a value's distance from lo
+// (wrapping) plus shift where that distance is at most span, the
+// unmatchable key where it is not (a value outside the build side's span).
+extern "C" __global__ void raw_codes_u32(u32* values, u64 n, u32 lo, u32 span, u32 shift) {
     const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
-    if (i < n) values[i] -= by;
+    if (i >= n) return;
+    const u32 offset = values[i] - lo;
+    values[i] = offset <= span ? offset + shift : 0xFFFFFFFFu;
 }
 
 // out[positions[i]] = values[i]. `seen`, unless null (positions known to be

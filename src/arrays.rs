@@ -21,6 +21,7 @@
 //! gives each slice buffers of its own size.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -120,6 +121,37 @@ pub(crate) fn copy_values(
         index += 1;
     }
     Ok(())
+}
+
+/// The bytes of `array`'s values (`width` bytes each), as a buffer that
+/// keeps them alive; `None` where it holds fewer.
+pub(crate) fn value_bytes(array: &dyn Array, width: usize) -> Option<Buffer> {
+    let data = array.to_data();
+    let (start, len) = (data.offset() * width, data.len() * width);
+    let buffer = data.buffers().first()?;
+    (start + len <= buffer.len()).then(|| buffer.slice_with_length(start, len))
+}
+
+/// Runs of `pieces` that lie end to end in memory, each piece starting
+/// where the one before ends (empty pieces join any run): per run, its
+/// pieces' indices, the address of its first byte and its bytes.
+pub(crate) fn runs_in_memory(pieces: &[Buffer]) -> Vec<(Range<usize>, usize, usize)> {
+    let mut runs: Vec<(Range<usize>, usize, usize)> = vec![];
+    for (i, piece) in pieces.iter().enumerate() {
+        let start = piece.as_ptr() as usize;
+        match runs.last_mut() {
+            Some((indices, first, bytes)) if piece.is_empty() || *first + *bytes == start => {
+                indices.end = i + 1;
+                *bytes += piece.len();
+            }
+            // A run of empty pieces so far: it starts where this one does.
+            Some((indices, first, bytes)) if *bytes == 0 => {
+                (indices.end, *first, *bytes) = (i + 1, start, piece.len());
+            }
+            _ => runs.push((i..i + 1, start, piece.len())),
+        }
+    }
+    runs
 }
 
 /// The validity of `arrays` laid end to end (`rows` in all); `None` where
@@ -417,6 +449,32 @@ mod tests {
 
     fn names(rows: usize) -> StringViewArray {
         (0..rows).map(|i| if i % 7 == 0 { None } else { Some(format!("Supplier#{i:012}")) }).collect()
+    }
+
+    #[test]
+    fn pieces_that_follow_each_other_in_memory_make_one_run() {
+        let values: ArrayRef = Arc::new(arrow::array::Int32Array::from_iter_values(0..100));
+        let other: ArrayRef = Arc::new(arrow::array::Int32Array::from_iter_values(0..10));
+        let bytes = |array: &ArrayRef, offset, len| value_bytes(array.slice(offset, len).as_ref(), 4).unwrap();
+        let pieces = vec![
+            bytes(&values, 0, 0),
+            bytes(&values, 0, 10),
+            bytes(&values, 10, 20),
+            bytes(&other, 0, 0),
+            bytes(&values, 30, 5),
+            bytes(&other, 0, 10),
+            bytes(&values, 50, 10),
+            bytes(&values, 60, 40),
+        ];
+        let base = values.to_data().buffers()[0].as_ptr() as usize;
+        let other_base = other.to_data().buffers()[0].as_ptr() as usize;
+        assert_eq!(
+            runs_in_memory(&pieces),
+            vec![(0..5, base, 140), (5..6, other_base, 40), (6..8, base + 200, 200)],
+            "an empty piece anywhere joins the run it is in"
+        );
+        assert_eq!(runs_in_memory(&pieces[..1]), vec![(0..1, base, 0)]);
+        assert!(value_bytes(values.as_ref(), 8).is_none(), "100 values of 4 bytes are not 800 bytes");
     }
 
     #[test]

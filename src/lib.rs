@@ -32,6 +32,7 @@ pub mod config;
 pub mod exec;
 pub mod keys;
 mod lanes;
+mod pinned_batches;
 pub mod rule;
 mod session;
 pub mod workloads;

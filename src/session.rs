@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Once};
 
+use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
@@ -80,11 +81,36 @@ pub trait GpuJoinContextExt {
     /// Plans `sql` and lists each join: replaced by `GpuJoinExec`, or kept on
     /// DataFusion's operator with the reason.
     fn gpu_join_decisions(&self, sql: &str) -> impl Future<Output = Result<Vec<JoinDecision>>> + Send;
+
+    /// `partitions` (a table's batches, as `MemTable` takes them) with the
+    /// values of their fixed-width columns copied into pinned memory, each
+    /// column of a partition end to end in one block, for a table that is
+    /// joined again and again: a GPU join reads such batches where they lie,
+    /// instead of copying every byte it sends into pinned memory first.
+    /// The pinned memory is held until the last batch over it is dropped,
+    /// outside `gpu_join.pinned_pool_bytes`. Where the GPU join would not
+    /// run on a CUDA device (`gpu_join.enabled = false`, `backend = 'cpu'`,
+    /// or no usable device), the batches come back as they are.
+    fn gpu_join_pin_batches(&self, partitions: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>>;
 }
 
 impl GpuJoinContextExt for SessionContext {
     async fn gpu_join_decisions(&self, sql: &str) -> Result<Vec<JoinDecision>> {
         let plan = self.sql(sql).await?.create_physical_plan().await?;
         plan_decisions(&plan, self.state().config().options())
+    }
+
+    fn gpu_join_pin_batches(&self, partitions: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {
+        let options = GpuJoinConfig::from_config(self.state().config().options());
+        if !options.enabled || options.backend == BackendChoice::Cpu {
+            return Ok(partitions);
+        }
+        match cuda_backend(&options) {
+            Ok(backend) => backend.pin_partitions(partitions),
+            Err(why) => {
+                log::info!("gpu_join: batches not pinned, no CUDA device: {why}");
+                Ok(partitions)
+            }
+        }
     }
 }

@@ -182,6 +182,9 @@ struct Case {
     /// Every build side to DataFusion's operator (`min_build_rows`), whose
     /// output the partition hands over.
     build_on_datafusion: bool,
+    /// The GPU join's inputs kept in the backend's pinned memory
+    /// (`gpu_join_pin_batches`), read there without a copy.
+    pinned: bool,
     left: (SchemaRef, Vec<Vec<RecordBatch>>),
     right: (SchemaRef, Vec<Vec<RecordBatch>>),
 }
@@ -193,7 +196,7 @@ impl std::fmt::Debug for Case {
         write!(
             f,
             "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={} (compared {}, on backend {}), \
-             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, {} build rows, {} probe rows",
+             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, {} build rows, {} probe rows",
             self.seed,
             self.seed,
             self.join_type,
@@ -211,6 +214,7 @@ impl std::fmt::Debug for Case {
             self.batch_size,
             self.probe_chunk_rows,
             self.probe_device_gather_ratio,
+            self.pinned,
             rows(&self.left),
             rows(&self.right),
         )
@@ -332,6 +336,7 @@ fn random_case(seed: u64) -> Case {
         probe_chunk_rows: *[1, 10, 64, 1 << 20].choose(&mut rng).expect("non-empty"),
         probe_device_gather_ratio: *[0.0, 0.25, f64::INFINITY].choose(&mut rng).expect("non-empty"),
         build_on_datafusion: rng.random_bool(0.25),
+        pinned: rng.random_bool(0.3),
         left,
         right,
     }
@@ -380,7 +385,16 @@ fn filter(case: &Case) -> JoinFilter {
 }
 
 fn hash_join(case: &Case) -> HashJoinExec {
-    let (mut left, mut right) = (memory_input(&case.left), memory_input(&case.right));
+    hash_join_of(case, &case.left, &case.right)
+}
+
+/// The case's join over `left` and `right`: its own sides, or copies of them.
+fn hash_join_of(
+    case: &Case,
+    left: &(SchemaRef, Vec<Vec<RecordBatch>>),
+    right: &(SchemaRef, Vec<Vec<RecordBatch>>),
+) -> HashJoinExec {
+    let (mut left, mut right) = (memory_input(left), memory_input(right));
     let left_keys = key_exprs(&case.left.0, "l");
     let right_keys = key_exprs(&case.right.0, "r");
     if !case.collect_left {
@@ -419,8 +433,18 @@ async fn run_case(case: &Case) -> Result<(), String> {
     if case.build_on_datafusion {
         options.min_build_rows = usize::MAX;
     }
-    let gpu = GpuJoinExec::try_new(&hash_join(case), test_backend(), &options, ReplacedOperator::HashJoin)
-        .map_err(|e| e.to_string())?;
+    let backend = test_backend();
+    let join = match case.pinned {
+        true => {
+            let pinned = |side: &(SchemaRef, Vec<Vec<RecordBatch>>)| {
+                backend.pin_partitions(side.1.clone()).map(|parts| (Arc::clone(&side.0), parts))
+            };
+            let (left, right) = (pinned(&case.left), pinned(&case.right));
+            hash_join_of(case, &left.map_err(|e| e.to_string())?, &right.map_err(|e| e.to_string())?)
+        }
+        false => hash_join(case),
+    };
+    let gpu = GpuJoinExec::try_new(&join, backend, &options, ReplacedOperator::HashJoin).map_err(|e| e.to_string())?;
     let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
     let task = SessionContext::new_with_config(config).task_ctx();
     let expected =
@@ -600,5 +624,90 @@ async fn ordered_gpu_join_matches_sort_merge_join_on_random_inputs() {
     }
     if cases >= 300 {
         assert!(covered.len() >= 8, "join types replaced in order: {covered:?}");
+    }
+}
+
+/// A table's partitions: an Int32 key in `keys` (values repeat), a
+/// nullable Int64 payload and a Utf8 payload, in batches of random sizes.
+fn pinnable_table(rng: &mut StdRng, prefix: &str, rows: usize, keys: std::ops::Range<i32>) -> Vec<Vec<RecordBatch>> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int32, false),
+        Field::new(format!("{prefix}1"), DataType::Int64, true),
+        Field::new(format!("{prefix}s"), DataType::Utf8, true),
+    ]));
+    (0..4)
+        .map(|_| {
+            let mut batches = vec![];
+            let mut left = rows / 4;
+            while left > 0 {
+                let n = rng.random_range(1..=3_000).min(left);
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new((0..n).map(|_| rng.random_range(keys.clone())).collect::<Int32Array>()),
+                    Arc::new(
+                        (0..n).map(|i| (i % 7 != 0).then(|| rng.random_range(-1_000..1_000))).collect::<Int64Array>(),
+                    ),
+                    Arc::new((0..n).map(|i| (i % 5 != 0).then(|| format!("{prefix}{i}"))).collect::<StringArray>()),
+                ];
+                batches.push(RecordBatch::try_new(Arc::clone(&schema), columns).expect("a batch"));
+                left -= n;
+            }
+            batches
+        })
+        .collect()
+}
+
+/// Tables kept in pinned memory through a session, at sizes where the
+/// build side spans several blocks and probe chunks cut batches, probe keys
+/// on both sides of the build side's span: the rows DataFusion gives over
+/// the tables as they were. On a CUDA device, each fixed-width column of a
+/// partition lies end to end, the batches slices of one block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_tables_join_as_datafusion_does() {
+    use datafusion::datasource::MemTable;
+    use datafusion_gpu_join::GpuJoinContextExt;
+    use datafusion_gpu_join::config::BackendChoice;
+
+    use crate::common::{datafusion_context, gpu_context, run, test_backend_choice};
+
+    let mut rng = StdRng::seed_from_u64(0x7069_6e6e_6564);
+    let r = pinnable_table(&mut rng, "r", 40_000, -5_000..15_000);
+    let s = pinnable_table(&mut rng, "s", 100_000, -8_000..20_000);
+    let config = SessionConfig::new().with_target_partitions(4);
+    let (gpu, datafusion) = (gpu_context(config.clone()), datafusion_context(config));
+    run(&gpu, "set gpu_join.probe_chunk_rows = 7000").await;
+    for (name, partitions) in [("r", r), ("s", s)] {
+        let pinned = gpu.gpu_join_pin_batches(partitions.clone()).expect("pinned batches");
+        assert_eq!(pinned, partitions, "{name}: pinned batches hold the same rows");
+        if test_backend_choice() == BackendChoice::Cuda {
+            for batches in &pinned {
+                let starts: Vec<(usize, usize)> = batches
+                    .iter()
+                    .map(|b| {
+                        let data = b.column(1).to_data();
+                        (data.buffers()[0].as_ptr() as usize + data.offset() * 8, data.len() * 8)
+                    })
+                    .collect();
+                assert!(starts.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0), "{name}: a partition's column in pieces");
+            }
+        }
+        let schema = partitions[0][0].schema();
+        gpu.register_table(name, Arc::new(MemTable::try_new(Arc::clone(&schema), pinned).expect("a table")))
+            .expect("registered");
+        datafusion
+            .register_table(name, Arc::new(MemTable::try_new(schema, partitions).expect("a table")))
+            .expect("registered");
+    }
+    let plan = crate::common::physical_plan_text(&gpu, "select r1, s1 from r join s on r.k = s.k").await;
+    assert!(plan.contains("GpuJoinExec"), "{plan}");
+    for sql in [
+        "select r.k, r1, rs, s1, ss from r join s on r.k = s.k",
+        "select r.k, r1, s1 from r left join s on r.k = s.k",
+        "select s.k, s1, r1 from r right join s on r.k = s.k",
+        "select k, s1 from s where k in (select k from r)",
+        "select count(*), sum(s1) from s where not exists (select 1 from r where r.k = s.k)",
+    ] {
+        let (expected, actual) = (run(&datafusion, sql).await, run(&gpu, sql).await);
+        assert_eq!(sorted_rows(&actual), sorted_rows(&expected), "{sql}");
+        assert!(!expected.is_empty(), "{sql}");
     }
 }

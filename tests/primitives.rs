@@ -21,7 +21,7 @@ use datafusion_gpu_join::backend::{
     BackendHandle, Candidates, Comparison, DeviceCounters, JoinBackend, Layout, MAX_CANDIDATES, NULL_POSITION,
     PartitionSpec, SortSpec, Space, Transformed,
 };
-use datafusion_gpu_join::keys::NormalizedKey;
+use datafusion_gpu_join::keys::{NormalizedKey, RawCodes};
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -342,11 +342,16 @@ fn check_gathers_and_flags<B: JoinBackend>(device: &B::Device, rng: &mut StdRng)
         assert_eq!(selected, expected, "select, {rows} rows");
 
         assert_eq!(tested.download(&tested.sequence(rows).unwrap()).unwrap(), (0..rows as u32).collect::<Vec<_>>());
-        let by = rng.random::<u32>();
-        let less = tested.download(&tested.subtract(tested.upload(&values).unwrap(), by).unwrap()).unwrap();
-        assert_eq!(less, values.iter().map(|v| v.wrapping_sub(by)).collect::<Vec<_>>(), "subtract, {rows} rows");
+        // Random bits around a span that may wrap past the type's end, the
+        // shift of a NULL's code: values outside it code as unmatchable.
+        let codes =
+            RawCodes { lo: rng.random(), span: rng.random_range(0..=rows as u32 * 2), shift: rng.random_range(0..2) };
+        let bits: Vec<u32> = (0..rows).map(|_| codes.lo.wrapping_add(rng.random_range(0..=rows as u32 * 4))).collect();
+        let coded = tested.download(&tested.raw_codes(tested.upload(&bits).unwrap(), codes).unwrap()).unwrap();
+        assert_eq!(coded, bits.iter().map(|&b| codes.code(b)).collect::<Vec<_>>(), "raw codes, {rows} rows");
         // 0 less 1 is the null position; the others each point at the row before.
-        let shifted = tested.subtract(tested.sequence(rows).unwrap(), 1).unwrap();
+        let less_one = RawCodes { lo: 1, span: u32::MAX - 1, shift: 0 };
+        let shifted = tested.raw_codes(tested.sequence(rows).unwrap(), less_one).unwrap();
         let column = &columns[0];
         let gathered = tested.gather_column(&tested.upload_column(column).unwrap(), &shifted, true).unwrap();
         let indices: UInt32Array = (0..rows as u32).map(|i| i.checked_sub(1)).collect();

@@ -23,7 +23,7 @@ use super::side::{
     ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, has_host_columns, place_columns,
     upload_columns,
 };
-use crate::arrays::concat_arrays;
+use crate::arrays::{concat_arrays, value_bytes};
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, RawKeys, RawSpan};
 
@@ -213,6 +213,28 @@ impl StagedKeys {
         })
     }
 
+    /// The one key column's raw bits moved from where they lie, where the
+    /// backend reads them there ([`JoinBackend::upload_values_in_place`]).
+    fn raw_in_place<B: JoinBackend>(&self, backend: &B) -> Result<Option<B::Vector<u32>>> {
+        let pieces = self.pieces.iter().map(|keys| match keys.as_slice() {
+            [key] => value_bytes(key.as_ref(), size_of::<u32>()),
+            _ => None,
+        });
+        match pieces.collect::<Option<Vec<_>>>() {
+            Some(pieces) => backend.upload_values_in_place(&pieces),
+            None => Ok(None),
+        }
+    }
+
+    /// Widens `span` to the one key column's values, read where they lie,
+    /// piece by piece on every core.
+    fn widen_raw_span(&self, raw: RawKeys, span: &RawSpan) -> Result<()> {
+        self.pieces.par_iter().with_min_len(PARALLEL_PIECES / 16).try_for_each(|keys| match keys.as_slice() {
+            [key] => raw.widen_span(key.as_ref(), span),
+            _ => internal_err!("raw keys asked of {} key columns", keys.len()),
+        })
+    }
+
     /// Hands `write` each piece's part of rows `first..first + out.len()`:
     /// the piece's key columns, the part's first row in the piece, and
     /// where in `out` it goes.
@@ -310,7 +332,15 @@ fn upload_raw_keys<B: JoinBackend>(backend: &B, staged: StagedKeys) -> Result<Ea
     let raw = match staged.raw_keys() {
         Some(raw) => {
             let span = RawSpan::default();
-            let keys = backend.upload_with(staged.rows, &|first, out| staged.copy_raw_rows(raw, first, out, &span))?;
+            let keys = match staged.raw_in_place(backend)? {
+                // On their way up as they lie, while the host reads them
+                // for their span.
+                Some(keys) => {
+                    staged.widen_raw_span(raw, &span)?;
+                    keys
+                }
+                None => backend.upload_with(staged.rows, &|first, out| staged.copy_raw_rows(raw, first, out, &span))?,
+            };
             Some((keys, span.ranges()))
         }
         // A NULL among them: encoded on the host, from the keys staged here.
@@ -409,8 +439,8 @@ pub fn prepare_build_side<B: JoinBackend>(
     let with_row_ids =
         needs_row_ids(definition, JoinSide::Left, strategy.build_space, encoder.exactness(), &placements);
     let payloads: Vec<&B::Column> = to_transform.iter().collect();
-    let keys_on_backend = match (raw_keys, encoder.raw_offset()) {
-        (Some(raw), Some(offset)) => KeyedVector::U32(backend.subtract(raw, offset)?),
+    let keys_on_backend = match (raw_keys, encoder.raw_codes()) {
+        (Some(raw), Some(codes)) => KeyedVector::U32(backend.raw_codes(raw, codes)?),
         _ => upload_keys(backend, encoder, &staged_keys)?,
     };
     planned(&plan);
@@ -449,6 +479,24 @@ fn upload_keys<B: JoinBackend>(backend: &B, encoder: &KeyEncoder, keys: &StagedK
         32 => KeyedVector::U32(backend.upload_with(rows, &|first, out| keys.encode_rows(encoder, first, out))?),
         _ => KeyedVector::U64(backend.upload_with(rows, &|first, out| keys.encode_rows(encoder, first, out))?),
     })
+}
+
+/// A probe chunk's keys coded on the backend, where they go up as they lie
+/// (a table kept in the backend's transfer memory) and their raw bits code
+/// as the build side's do ([`crate::keys::RawCodes`]); `None` otherwise,
+/// for the host to encode them.
+fn probe_keys_in_place<B: JoinBackend>(
+    backend: &B,
+    encoder: &KeyEncoder,
+    keys: &StagedKeys,
+) -> Result<Option<KeyedVector<B>>> {
+    let (Some(codes), Some(_)) = (encoder.raw_codes(), keys.raw_keys()) else {
+        return Ok(None);
+    };
+    match keys.raw_in_place(backend)? {
+        Some(raw) => Ok(Some(KeyedVector::U32(backend.raw_codes(raw, codes)?))),
+        None => Ok(None),
+    }
 }
 
 /// When a probe chunk's output columns are placed.
@@ -587,7 +635,10 @@ pub fn load_probe_chunk<B: JoinBackend>(
     loaded.filter_columns =
         filter_columns(backend, &loaded.chunk, &definition.pair_filter_columns(JoinSide::Right), &placed)?;
     let PlacedColumns { placements, to_transform } = placed;
-    loaded.keys = Some(upload_keys(backend, &plan.probe_encoder, &keys)?);
+    loaded.keys = Some(match probe_keys_in_place(backend, &plan.probe_encoder, &keys)? {
+        Some(keys) => keys,
+        None => upload_keys(backend, &plan.probe_encoder, &keys)?,
+    });
     loaded.with_row_ids = needs_row_ids(definition, JoinSide::Right, space, plan.encoder.exactness(), &placements);
     (loaded.placements, loaded.to_transform) = (placements, to_transform);
     backend.finish()?;

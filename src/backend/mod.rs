@@ -22,7 +22,8 @@ use cuda::{CudaBackend, CudaDevice};
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, UInt32Array};
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
 
@@ -30,7 +31,7 @@ pub use admission::Admission;
 pub(crate) use cache::cache_dir;
 pub use counters::DeviceCounters;
 
-use crate::keys::NormalizedKey;
+use crate::keys::{NormalizedKey, RawCodes};
 
 /// The backend a join was planned for. Cheap to clone; the operator opens
 /// one backend instance per output partition from it.
@@ -54,6 +55,19 @@ impl BackendHandle {
         match self {
             BackendHandle::Cpu => 0,
             BackendHandle::Cuda(device) => device.budget.used(),
+        }
+    }
+
+    /// `partitions` with their fixed-width columns copied into this
+    /// backend's transfer memory, where a join reads them as they lie
+    /// ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]); as they are on
+    /// the CPU backend, whose memory is the host's.
+    pub fn pin_partitions(&self, partitions: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {
+        match self {
+            BackendHandle::Cpu => Ok(partitions),
+            BackendHandle::Cuda(device) => crate::pinned_batches::pin_partitions(partitions, &|bytes| {
+                Ok(Box::new(device.pinned.keep(bytes)?) as Box<dyn TransferMemory>)
+            }),
         }
     }
 
@@ -408,6 +422,21 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// sides assembled from DataFusion's batches), when it has them to
     /// spare; `None` where backend memory is host memory.
     fn transfer_memory(&self, bytes: usize) -> Option<Box<dyn TransferMemory>>;
+    /// `pieces` end to end as one buffer over the memory they lie in, where
+    /// that is one block of this backend's transfer memory and each piece
+    /// starts where the one before ends: consecutive batches of a table kept
+    /// there ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]), which are
+    /// then assembled and moved without a copy. `None` otherwise.
+    fn joined_in_place(&self, _pieces: &[Buffer]) -> Option<Buffer> {
+        None
+    }
+    /// The values of `pieces` end to end, moved from where they lie where
+    /// [`JoinBackend::joined_in_place`] joins them; `None` otherwise, for
+    /// the caller to copy them. As with [`JoinBackend::upload_with`], the
+    /// transfer may still run when this returns.
+    fn upload_values_in_place<T: Element>(&self, _pieces: &[Buffer]) -> Result<Option<Self::Vector<T>>> {
+        Ok(None)
+    }
     /// Whether columns of this type live in backend memory; other columns
     /// are taken on the host from row ids. The reference backend holds the
     /// same types as the device, so that the host paths of the columns the
@@ -422,10 +451,18 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// A column of `rows` values of the fixed-width primitive `data_type`,
     /// none null, whose bytes `fill` writes straight into the memory the
     /// transfer reads: a column that came in many batches is copied once on
-    /// its way rather than assembled first. As with
+    /// its way rather than assembled first. `pieces` are the same bytes
+    /// where they lie, read there instead where the backend can
+    /// ([`JoinBackend::upload_values_in_place`]). As with
     /// [`JoinBackend::upload_column`], the transfer may still run when this
     /// returns.
-    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>) -> Result<Self::Column>;
+    fn upload_values(
+        &self,
+        data_type: &DataType,
+        rows: usize,
+        fill: Fill<'_, u8>,
+        pieces: &[Buffer],
+    ) -> Result<Self::Column>;
     fn download_column(&self, column: &Self::Column) -> Result<ArrayRef>;
 
     // ---- transform ----
@@ -488,8 +525,9 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn select(&self, values: &Self::Vector<u32>, keep: &Self::Vector<u8>) -> Result<Self::Vector<u32>>;
     /// `0, 1, .., len - 1`.
     fn sequence(&self, len: usize) -> Result<Self::Vector<u32>>;
-    /// `values`, each less `by` in wrapping arithmetic, in their place.
-    fn subtract(&self, values: Self::Vector<u32>, by: u32) -> Result<Self::Vector<u32>>;
+    /// Raw 4-byte key values coded as `codes` says ([`RawCodes::code`]), in
+    /// their place.
+    fn raw_codes(&self, values: Self::Vector<u32>, codes: RawCodes) -> Result<Self::Vector<u32>>;
     /// `len` null positions.
     fn null_positions(&self, len: usize) -> Result<Self::Vector<u32>>;
     /// `first` followed by `second`.

@@ -31,7 +31,7 @@ use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 use crate::backend::{Element, SortSpec};
 pub use packed::{KeyRanges, SpanBounds};
 use packed::{PARALLEL_ROWS, PackedLayout};
-pub use raw::{RawKeys, RawSpan};
+pub use raw::{RawCodes, RawKeys, RawSpan};
 use rayon::prelude::*;
 
 /// A fixed-width key as the join primitives see it.
@@ -177,13 +177,13 @@ impl KeyEncoder {
         }
     }
 
-    /// Where the build side's keys went up as their raw bits
-    /// ([`RawKeys`]): what their codes are less than those bits, wrapping;
-    /// `None` where the codes are not the raw bits less one value (keys of
-    /// 64 bits, hashed, counting down, or of several columns).
-    pub fn raw_offset(&self) -> Option<u32> {
+    /// How keys that go up as their raw bits ([`RawKeys`]) become codes on
+    /// the backend; `None` where the codes are not the raw bits less one
+    /// value (keys of 64 bits, hashed, counting down, or of several
+    /// columns).
+    pub fn raw_codes(&self) -> Option<RawCodes> {
         match &self.scheme {
-            Scheme::Packed(layout) => layout.raw_offset(),
+            Scheme::Packed(layout) => layout.raw_codes(),
             Scheme::Hashed => None,
         }
     }

@@ -21,7 +21,7 @@ use datafusion::common::{NullEquality, ScalarValue, internal_err};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use super::NormalizedKey;
+use super::{NormalizedKey, RawCodes};
 
 /// Widest packed key; one code above it stays free for the unmatchable key.
 const MAX_PACKED_BITS: u32 = 63;
@@ -388,16 +388,16 @@ impl PackedLayout {
         self.total_bits <= MAX_U32_BITS
     }
 
-    /// What 32-bit codes are less than the raw bits of the values they
-    /// code, wrapping: where the key is one column whose codes count up
-    /// from its smallest value and fit 32 bits ([`super::raw`]).
-    pub(super) fn raw_offset(&self) -> Option<u32> {
+    /// How the raw bits of the one key column's 4-byte values become their
+    /// codes, where the key is one column whose codes count up from its
+    /// smallest value and fit 32 bits ([`super::raw`]).
+    pub(super) fn raw_codes(&self) -> Option<RawCodes> {
         let ([column], true) = (self.columns.as_slice(), self.fits_u32()) else {
             return None;
         };
-        let (lo, _) = column.range.filter(|_| !column.descending)?;
+        let (lo, hi) = column.range.filter(|_| !column.descending)?;
         // The low 32 bits are the raw bits of a 4-byte value, signed or not.
-        Some((lo as u32).wrapping_sub(column.shift() as u32))
+        Some(RawCodes { lo: lo as u32, span: u32::try_from(hi - lo).ok()?, shift: column.shift() as u32 })
     }
 
     /// Packs the key columns into `out`, one key per row for as many rows

@@ -1,18 +1,21 @@
-//! Build-side keys that go up as their raw bits.
+//! Keys that go up as their raw bits.
 //!
 //! A single key column of 4-byte integers without NULLs packs into each
 //! value's distance from the build side's smallest, taken in the values'
 //! own width ([`super::packed`]): its raw bits less the smallest value's,
 //! wrapping. So such keys can go up as they are before their span is known,
 //! the span gathered in the same pass over them, and become codes on the
-//! backend by one subtraction ([`super::KeyEncoder::raw_offset`]). The keys
-//! are then read once by the host, where gathering the span as the build
-//! side is collected and encoding it afterwards read them twice, the first
-//! time on the way to the device.
+//! backend ([`RawCodes`], from [`super::KeyEncoder::raw_codes`]). The build
+//! side's keys are then read once by the host, where gathering the span as
+//! the build side is collected and encoding it afterwards read them twice,
+//! the first time on the way to the device. Keys that the backend reads
+//! where they lie (a table kept in its transfer memory) are not copied at
+//! all, on either side: the probe side's are coded on the backend too,
+//! values outside the build side's span as the unmatchable key.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use arrow::array::Array;
+use arrow::array::{Array, ArrayData};
 use arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::internal_err;
 use datafusion::error::Result;
@@ -49,24 +52,41 @@ impl RawKeys {
     /// Copies rows `first..first + out.len()` of `key` into `out` as their
     /// raw bits, and widens `span` to their values.
     pub fn copy(self, key: &dyn Array, first: usize, out: &mut [u32], span: &RawSpan) -> Result<()> {
-        if Self::of_column(key) != Some(self) || first + out.len() > key.len() {
-            return internal_err!("raw keys of rows {first}..{} asked of {key:?}", first + out.len());
-        }
         let data = key.to_data();
-        let values = &data.buffer::<u32>(0)[first..first + out.len()];
-        out.copy_from_slice(values);
-        if values.is_empty() {
-            return Ok(());
-        }
+        out.copy_from_slice(self.values(&data, first, out.len())?);
         // Apart from the copy, over the values just copied (in the first
         // level cache): a loop with one job each compiles to vector code,
         // the span's comparisons in the values' own lanes.
+        self.widen(out, span);
+        Ok(())
+    }
+
+    /// Widens `span` to the values of `key`, read where they lie: keys that
+    /// go up without a copy ([`crate::backend::JoinBackend::upload_values_in_place`]).
+    pub fn widen_span(self, key: &dyn Array, span: &RawSpan) -> Result<()> {
+        let data = key.to_data();
+        self.widen(self.values(&data, 0, key.len())?, span);
+        Ok(())
+    }
+
+    /// Rows `first..first + len` of `data`'s values, when `data` is a key
+    /// column of this kind.
+    fn values(self, data: &ArrayData, first: usize, len: usize) -> Result<&[u32]> {
+        if Self::of_type(data.data_type()) != Some(self) || data.null_count() > 0 || first + len > data.len() {
+            return internal_err!("raw keys of rows {first}..{} asked of {data:?}", first + len);
+        }
+        Ok(&data.buffer::<u32>(0)[first..first + len])
+    }
+
+    fn widen(self, values: &[u32], span: &RawSpan) {
+        if values.is_empty() {
+            return;
+        }
         let (lo, hi) = in_wide_lanes(
             #[inline(always)]
-            || self.span_of(out),
+            || self.span_of(values),
         );
         span.widen(lo, hi);
-        Ok(())
     }
 
     #[inline(always)]
@@ -81,6 +101,27 @@ impl RawKeys {
                 let (lo, hi) = values.iter().fold((u32::MAX, u32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
                 (i64::from(lo), i64::from(hi))
             }
+        }
+    }
+}
+
+/// How the raw bits of 4-byte key values become their codes: a value's
+/// distance from `lo` (wrapping) is its offset, and an offset up to `span`
+/// codes as itself plus `shift`, a larger one (a value outside the build
+/// side's span) as the unmatchable key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawCodes {
+    pub lo: u32,
+    pub span: u32,
+    pub shift: u32,
+}
+
+impl RawCodes {
+    pub fn code(self, value: u32) -> u32 {
+        let offset = value.wrapping_sub(self.lo);
+        match offset <= self.span {
+            true => offset.wrapping_add(self.shift),
+            false => <u32 as super::NormalizedKey>::UNMATCHABLE,
         }
     }
 }

@@ -1,6 +1,9 @@
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanArray, Decimal128Array, Int32Array, Int64Array, StringArray, UInt64Array};
+use arrow::array::{
+    ArrayData, ArrayRef, BooleanArray, Decimal128Array, Int32Array, Int64Array, StringArray, UInt64Array, make_array,
+};
+use arrow::buffer::Buffer;
 use datafusion::common::NullEquality;
 
 use super::*;
@@ -325,6 +328,14 @@ fn spans_become_bounds_of_each_keys_own_type() {
     );
 }
 
+/// Raw bits of `column`'s type in the type's order.
+fn as_ordered(column: &ArrayRef, bits: u32) -> i64 {
+    match RawKeys::of_type(column.data_type()) {
+        Some(RawKeys::Signed) => i64::from(bits as i32),
+        _ => i64::from(bits),
+    }
+}
+
 /// Copies `pieces` (one key column) as raw bits the way an upload asks for
 /// them, in parts of `part` rows that cross the pieces' ends.
 fn copied_raw(pieces: &[ArrayRef], part: usize) -> (Vec<u32>, RawSpan) {
@@ -342,7 +353,7 @@ fn copied_raw(pieces: &[ArrayRef], part: usize) -> (Vec<u32>, RawSpan) {
 }
 
 #[test]
-fn raw_keys_less_their_offset_are_their_codes() {
+fn raw_keys_coded_as_the_encoder_codes_them() {
     use arrow::array::{Date32Array, Decimal32Array, UInt32Array};
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x0072_6177);
@@ -369,11 +380,35 @@ fn raw_keys_less_their_offset_are_their_codes() {
         let pieces_as_keys: Vec<Vec<ArrayRef>> = pieces.iter().map(|p| vec![Arc::clone(p)]).collect();
         let (bits, span) = copied_raw(&pieces, 1_000);
         assert_eq!(span.ranges(), KeyRanges::of_pieces(&pieces_as_keys), "{}", column.data_type());
+        // Probe values around the build side's span and past both of its
+        // ends, wrapping where the span starts at the type's smallest value.
+        let (lo, hi) = (*bits.iter().min_by_key(|b| as_ordered(&column, **b)).unwrap(), {
+            *bits.iter().max_by_key(|b| as_ordered(&column, **b)).unwrap()
+        });
+        let probe_bits: Vec<u32> = (0..rows as u32)
+            .map(|i| match i % 3 {
+                0 => lo.wrapping_sub(1 + i % 1_000),
+                1 => hi.wrapping_add(1 + i % 1_000),
+                _ => bits[i as usize],
+            })
+            .collect();
+        let probe = make_array(
+            ArrayData::builder(column.data_type().clone())
+                .len(rows)
+                .add_buffer(Buffer::from_vec(probe_bits.clone()))
+                .build()
+                .unwrap(),
+        );
         for nulls in [NullEquality::NullEqualsNothing, NullEquality::NullEqualsNull] {
             let encoder = KeyEncoder::for_key_ranges(&span.ranges(), nulls).unwrap();
-            let offset = encoder.raw_offset().unwrap();
-            let codes: Vec<u32> = bits.iter().map(|b| b.wrapping_sub(offset)).collect();
+            let raw = encoder.raw_codes().unwrap();
+            let codes: Vec<u32> = bits.iter().map(|&b| raw.code(b)).collect();
             assert_eq!(NormalizedKeys::U32(codes), encoder.encode(&[Arc::clone(&column)]).unwrap(), "{nulls:?}");
+            let probe_encoder = encoder.for_probe_side();
+            let probe_codes: Vec<u32> = probe_bits.iter().map(|&b| raw.code(b)).collect();
+            assert_eq!(probe_codes.iter().filter(|&&c| c == u32::MAX).count(), (0..rows).filter(|i| i % 3 < 2).count());
+            let expected = probe_encoder.encode(&[Arc::clone(&probe)]).unwrap();
+            assert_eq!(NormalizedKeys::U32(probe_codes), expected, "probe side, {nulls:?}");
         }
     }
 }
@@ -384,17 +419,17 @@ fn raw_keys_only_where_codes_are_the_raw_bits_less_one_value() {
     let wide: ArrayRef = Arc::new(Int32Array::from(vec![i32::MIN, i32::MAX]));
     let (_, span) = copied_raw(std::slice::from_ref(&wide), 1);
     let encoder = KeyEncoder::for_key_ranges(&span.ranges(), NullEquality::NullEqualsNothing).unwrap();
-    assert_eq!((encoder.key_bits(), encoder.raw_offset()), (64, None));
+    assert_eq!((encoder.key_bits(), encoder.raw_codes()), (64, None));
     // Codes that count down from the largest value.
     let narrow: ArrayRef = Arc::new(Int32Array::from(vec![3, 9]));
     let (_, span) = copied_raw(std::slice::from_ref(&narrow), 2);
     let descending = [SortOptions { descending: true, nulls_first: false }];
     let encoder = KeyEncoder::for_ordered_keys(&span.ranges(), NullEquality::NullEqualsNothing, &descending).unwrap();
-    assert_eq!(encoder.unwrap().raw_offset(), None);
+    assert_eq!(encoder.unwrap().raw_codes(), None);
     // Columns of other widths, or holding NULLs, do not go up raw.
     assert_eq!(RawKeys::of_column(&Int64Array::from(vec![1, 2])), None);
     assert_eq!(RawKeys::of_column(&Int32Array::from(vec![Some(1), None])), None);
     let two = vec![Arc::clone(&narrow), narrow];
     let encoder = KeyEncoder::for_build_side(&[two], NullEquality::NullEqualsNothing).unwrap();
-    assert_eq!(encoder.raw_offset(), None);
+    assert_eq!(encoder.raw_codes(), None);
 }

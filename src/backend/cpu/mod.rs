@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayData, ArrayRef, make_array};
-use arrow::buffer::MutableBuffer;
+use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::compute::kernels::cmp;
 use arrow::compute::take;
 use arrow::datatypes::DataType;
@@ -25,7 +25,7 @@ use super::{
     Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, NULL_POSITION,
     PartitionSpec, SortSpec, Space, TransferMemory, Transformed, check_compared, positions_to_indices, value_width,
 };
-use crate::keys::NormalizedKey;
+use crate::keys::{NormalizedKey, RawCodes};
 pub use matching::ChainedTables;
 
 /// Build partitions of about this many rows keep each co-partition's hash
@@ -120,7 +120,7 @@ impl JoinBackend for CpuBackend {
         Ok(Arc::clone(array))
     }
 
-    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>) -> Result<ArrayRef> {
+    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>, _: &[Buffer]) -> Result<ArrayRef> {
         self.counters.check_cancelled("an upload")?;
         let width = value_width(data_type)
             .ok_or_else(|| internal_datafusion_err!("values of {data_type} do not lie end to end"))?;
@@ -208,8 +208,8 @@ impl JoinBackend for CpuBackend {
         Ok((0..len as u32).collect())
     }
 
-    fn subtract(&self, mut values: Vec<u32>, by: u32) -> Result<Vec<u32>> {
-        values.iter_mut().for_each(|v| *v = v.wrapping_sub(by));
+    fn raw_codes(&self, mut values: Vec<u32>, codes: RawCodes) -> Result<Vec<u32>> {
+        values.iter_mut().for_each(|v| *v = codes.code(*v));
         Ok(values)
     }
 

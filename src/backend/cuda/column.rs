@@ -83,16 +83,26 @@ impl CudaBackend {
         Ok(CudaColumn { data_type, len, width, values: Arc::new(values), validity: validity.map(Arc::new) })
     }
 
+    /// Read from `pieces` where they lie, where they are in pinned memory
+    /// (a table kept there), else copied by `fill`.
     pub(crate) fn upload_filled_array(
         &self,
         data_type: &DataType,
         rows: usize,
         fill: Fill<'_, u8>,
+        pieces: &[Buffer],
     ) -> Result<CudaColumn> {
         let width = value_width(data_type)
             .filter(|w| held_width(data_type) == Some(*w))
             .ok_or_else(|| internal_datafusion_err!("the CUDA backend does not hold {data_type} values end to end"))?;
-        let values = DeviceBuffer::upload_with(&self.instance, rows * width, fill, "a payload column")?;
+        let what = "a payload column";
+        let values = match DeviceBuffer::upload_in_place(&self.instance, pieces, what)? {
+            Some(values) if values.len() != rows * width => {
+                return Err(internal_datafusion_err!("{what}: {} bytes in place for {rows} rows", values.len()));
+            }
+            Some(values) => values,
+            None => DeviceBuffer::upload_with(&self.instance, rows * width, fill, what)?,
+        };
         Ok(CudaColumn { data_type: data_type.clone(), len: rows, width, values: Arc::new(values), validity: None })
     }
 

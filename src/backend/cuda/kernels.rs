@@ -76,7 +76,7 @@ pub(crate) const KERNEL_NAMES: [&str; 57] = [
     "set_flags",
     "scatter_permutation",
     "sequence",
-    "subtract_u32",
+    "raw_codes_u32",
     "compare_rows_i8",
     "compare_rows_i16",
     "compare_rows_i32",

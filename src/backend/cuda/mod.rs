@@ -16,9 +16,10 @@ mod uncached;
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
+use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use datafusion::common::exec_datafusion_err;
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::error::Result;
 
 pub use column::CudaColumn;
@@ -32,7 +33,7 @@ use super::{
     Space, TransferMemory, Transformed,
 };
 use crate::config::GpuJoinConfig;
-use crate::keys::NormalizedKey;
+use crate::keys::{NormalizedKey, RawCodes};
 use memory::Instance;
 use transform::Digits;
 
@@ -192,12 +193,37 @@ impl JoinBackend for CudaBackend {
         Some(Box::new(loan))
     }
 
+    fn joined_in_place(&self, pieces: &[Buffer]) -> Option<Buffer> {
+        self.instance.device.pinned.joined(pieces)
+    }
+
+    fn upload_values_in_place<T: Element>(&self, pieces: &[Buffer]) -> Result<Option<DeviceBuffer<T>>> {
+        let Some(bytes) = DeviceBuffer::<u8>::upload_in_place(&self.instance, pieces, "values in place")? else {
+            return Ok(None);
+        };
+        let len = bytes.len() / size_of::<T>();
+        if len * size_of::<T>() != bytes.len() {
+            return Err(internal_datafusion_err!(
+                "{} bytes in place are not values of {} bytes",
+                bytes.len(),
+                size_of::<T>()
+            ));
+        }
+        Ok(Some(bytes.into_typed(len)))
+    }
+
     fn upload_column(&self, array: &ArrayRef) -> Result<CudaColumn> {
         self.upload_array(array)
     }
 
-    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>) -> Result<CudaColumn> {
-        self.upload_filled_array(data_type, rows, fill)
+    fn upload_values(
+        &self,
+        data_type: &DataType,
+        rows: usize,
+        fill: Fill<'_, u8>,
+        pieces: &[Buffer],
+    ) -> Result<CudaColumn> {
+        self.upload_filled_array(data_type, rows, fill, pieces)
     }
 
     fn download_column(&self, column: &CudaColumn) -> Result<ArrayRef> {
@@ -280,9 +306,10 @@ impl JoinBackend for CudaBackend {
         Ok(out)
     }
 
-    fn subtract(&self, mut values: DeviceBuffer<u32>, by: u32) -> Result<DeviceBuffer<u32>> {
+    fn raw_codes(&self, mut values: DeviceBuffer<u32>, codes: RawCodes) -> Result<DeviceBuffer<u32>> {
         let n = values.len() as u64;
-        self.launch("subtract_u32", n, 0, &[values.pointer().into(), n.into(), by.into()])?;
+        let RawCodes { lo, span, shift } = codes;
+        self.launch("raw_codes_u32", n, 0, &[values.pointer().into(), n.into(), lo.into(), span.into(), shift.into()])?;
         values.mark_rewritten();
         Ok(values)
     }

@@ -1,5 +1,6 @@
 //! Pinned host memory that Arrow buffers live in: output columns downloaded
-//! into it, and probe chunks and build sides assembled in it on the host.
+//! into it, probe chunks and build sides assembled in it on the host, and
+//! tables kept in it for as long as their batches live.
 //!
 //! A transfer from or to pageable memory runs at a fraction of the PCIe
 //! speed and needs a copy through a staging buffer, into memory whose pages
@@ -15,11 +16,13 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use arrow::alloc::Allocation;
 use arrow::buffer::Buffer;
 use cudarc::driver::{CudaContext, result};
 use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
+use crate::arrays::runs_in_memory;
 use crate::backend::TransferMemory;
 
 use super::device::cuda_error;
@@ -66,11 +69,13 @@ enum Supply {
     Spent,
 }
 
-/// A pinned block lent out; back to its pool when dropped.
+/// A pinned block lent out; back to its pool when dropped, or freed if it
+/// was kept for a table.
 #[derive(Debug)]
 pub(crate) struct PinnedLoan {
     block: Option<Block>,
     pool: Arc<PinnedPool>,
+    kept: bool,
 }
 
 impl PinnedPool {
@@ -116,19 +121,24 @@ impl PinnedPool {
             Supply::New(size) => self.allocate(size)?,
             Supply::Spent => return None,
         };
-        Some(PinnedLoan { block: Some(block), pool: Arc::clone(self) })
+        Some(PinnedLoan { block: Some(block), pool: Arc::clone(self), kept: false })
+    }
+
+    /// A block of `bytes` bytes for data that stays as long as the buffers
+    /// over it (a table's columns), outside the limit, which bounds what the
+    /// joins themselves hold; freed, not kept for reuse, once dropped.
+    pub fn keep(self: &Arc<Self>, bytes: usize) -> Result<PinnedLoan> {
+        let size = bytes.max(1);
+        let block = self.allocate_block(size)?;
+        if let Ok(mut state) = self.state.lock() {
+            state.blocks.insert(block.address.as_ptr() as usize, size);
+        }
+        Ok(PinnedLoan { block: Some(block), pool: Arc::clone(self), kept: true })
     }
 
     /// A new block, whose bytes the pool has already counted.
     fn allocate(&self, size: usize) -> Option<Block> {
-        let allocated = self.context.bind_to_thread().map_err(|e| cuda_error("binding the device", e)).and_then(|_| {
-            // SAFETY: allocates page-locked host memory.
-            unsafe { result::malloc_host(size, 0) }.map_err(|e| cuda_error("allocating pinned memory", e))
-        });
-        let block = match allocated.map(|pointer| NonNull::new(pointer.cast::<u8>())) {
-            Ok(Some(address)) => Some(Block { address, bytes: size }),
-            Ok(None) | Err(_) => None,
-        };
+        let block = self.allocate_block(size).ok();
         if let Ok(mut state) = self.state.lock() {
             match &block {
                 Some(block) => drop(state.blocks.insert(block.address.as_ptr() as usize, size)),
@@ -138,13 +148,41 @@ impl PinnedPool {
         block
     }
 
+    fn allocate_block(&self, size: usize) -> Result<Block> {
+        self.context.bind_to_thread().map_err(|e| cuda_error("binding the device", e))?;
+        // SAFETY: allocates page-locked host memory.
+        let pointer = unsafe { result::malloc_host(size, 0) }.map_err(|e| cuda_error("allocating pinned memory", e))?;
+        let address = NonNull::new(pointer.cast::<u8>())
+            .ok_or_else(|| internal_datafusion_err!("allocating {size} bytes of pinned memory gave a null pointer"))?;
+        Ok(Block { address, bytes: size })
+    }
+
     /// Whether `bytes` lie wholly in one of the pool's blocks, so that the
     /// device reads or writes them directly.
     pub fn holds(&self, bytes: &[u8]) -> bool {
-        let start = bytes.as_ptr() as usize;
+        self.holds_range(bytes.as_ptr() as usize, bytes.len())
+    }
+
+    fn holds_range(&self, start: usize, len: usize) -> bool {
         self.state.lock().is_ok_and(|state| {
-            state.blocks.range(..=start).next_back().is_some_and(|(&block, &size)| start + bytes.len() <= block + size)
+            state.blocks.range(..=start).next_back().is_some_and(|(&block, &size)| start + len <= block + size)
         })
+    }
+
+    /// `pieces` as one buffer, where they lie end to end in one block (the
+    /// consecutive batches of a table kept in pinned memory).
+    pub fn joined(&self, pieces: &[Buffer]) -> Option<Buffer> {
+        let [(_, start, len)] = runs_in_memory(pieces)[..] else {
+            return None;
+        };
+        if len == 0 || !self.holds_range(start, len) {
+            return None;
+        }
+        let owner: Arc<dyn Allocation> = Arc::new(pieces.to_vec());
+        // SAFETY: the range is the pieces' bytes end to end, inside one
+        // block (checked above), which the pieces, owned by `owner`, keep
+        // alive and unchanged as long as the new buffer lives.
+        Some(unsafe { Buffer::from_custom_allocation(NonNull::new(start as *mut u8)?, len, owner) })
     }
 
     fn give_back(&self, block: Block) {
@@ -209,7 +247,10 @@ impl TransferMemory for PinnedLoan {
 impl Drop for PinnedLoan {
     fn drop(&mut self) {
         if let Some(block) = self.block.take() {
-            self.pool.give_back(block);
+            match self.kept {
+                true => self.pool.free_block(block),
+                false => self.pool.give_back(block),
+            }
         }
     }
 }
