@@ -9,17 +9,15 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayData, ArrayRef, UInt32Array, make_array, new_empty_array, new_null_array};
-use arrow::buffer::{Buffer, MutableBuffer};
+use arrow::buffer::MutableBuffer;
 use arrow::compute::take;
 use arrow::datatypes::{FieldRef, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{internal_datafusion_err, internal_err};
+use datafusion::common::internal_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use crate::arrays::{
-    concat_arrays, concat_record_batches, copy_values, copy_values_in_parallel, interleave_arrays, value_bytes,
-};
+use crate::arrays::{concat_arrays, concat_record_batches, copy_values, copy_values_in_parallel, interleave_arrays};
 use crate::backend::{JoinBackend, value_width};
 
 /// A side's rows on the host (the build side, or a probe chunk). Cloned in
@@ -110,9 +108,8 @@ impl HostRows {
         let arrays: Vec<&dyn Array> = self.parts.iter().map(|p| p.column(index).as_ref()).collect();
         match end_to_end_width(&arrays) {
             Some(width) => {
-                let pieces = value_pieces(&arrays, width)?;
                 let fill = |first, out: &mut [u8]| copy_values(&arrays, &self.starts, width, first, out);
-                backend.upload_values(self.field(index)?.data_type(), self.rows, &fill, &pieces)
+                backend.upload_values(self.field(index)?.data_type(), self.rows, &fill, &arrays)
             }
             None => backend.upload_column(&concat_arrays(&arrays)?),
         }
@@ -263,7 +260,7 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
         return concat_arrays(arrays);
     };
     let bytes = rows * width;
-    if let Some(buffer) = backend.joined_in_place(&value_pieces(arrays, width)?) {
+    if let Some(buffer) = backend.joined_in_place(arrays, width) {
         // Consecutive batches of a table kept in the backend's transfer
         // memory: already end to end where they lie.
         let data = ArrayData::builder(first.data_type().clone()).len(rows).add_buffer(buffer).build()?;
@@ -285,18 +282,6 @@ fn concat_column<B: JoinBackend>(backend: &B, arrays: &[&dyn Array], rows: usize
     };
     let data = ArrayData::builder(first.data_type().clone()).len(rows).add_buffer(buffer).build()?;
     Ok(make_array(data))
-}
-
-/// The bytes of each array's values (`width` bytes each).
-fn value_pieces(arrays: &[&dyn Array], width: usize) -> Result<Vec<Buffer>> {
-    arrays
-        .iter()
-        .map(|array| {
-            value_bytes(*array, width).ok_or_else(|| {
-                internal_datafusion_err!("an array of {} values of {width} bytes holds fewer", array.len())
-            })
-        })
-        .collect()
 }
 
 /// Bytes per value of `arrays` where their values lie end to end in one

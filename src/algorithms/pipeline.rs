@@ -23,7 +23,7 @@ use super::side::{
     ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, has_host_columns, place_columns,
     upload_columns,
 };
-use crate::arrays::{concat_arrays, value_bytes};
+use crate::arrays::concat_arrays;
 use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, RawKeys, RawSpan};
 
@@ -216,12 +216,12 @@ impl StagedKeys {
     /// The one key column's raw bits moved from where they lie, where the
     /// backend reads them there ([`JoinBackend::upload_values_in_place`]).
     fn raw_in_place<B: JoinBackend>(&self, backend: &B) -> Result<Option<B::Vector<u32>>> {
-        let pieces = self.pieces.iter().map(|keys| match keys.as_slice() {
-            [key] => value_bytes(key.as_ref(), size_of::<u32>()),
+        let arrays = self.pieces.iter().map(|keys| match keys.as_slice() {
+            [key] => Some(key.as_ref()),
             _ => None,
         });
-        match pieces.collect::<Option<Vec<_>>>() {
-            Some(pieces) => backend.upload_values_in_place(&pieces),
+        match arrays.collect::<Option<Vec<&dyn Array>>>() {
+            Some(arrays) => backend.upload_values_in_place(&arrays),
             None => Ok(None),
         }
     }

@@ -22,7 +22,7 @@ use cuda::{CudaBackend, CudaDevice};
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
@@ -422,19 +422,22 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// sides assembled from DataFusion's batches), when it has them to
     /// spare; `None` where backend memory is host memory.
     fn transfer_memory(&self, bytes: usize) -> Option<Box<dyn TransferMemory>>;
-    /// `pieces` end to end as one buffer over the memory they lie in, where
-    /// that is one block of this backend's transfer memory and each piece
-    /// starts where the one before ends: consecutive batches of a table kept
-    /// there ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]), which are
-    /// then assembled and moved without a copy. `None` otherwise.
-    fn joined_in_place(&self, _pieces: &[Buffer]) -> Option<Buffer> {
+    /// The values of `arrays` (`width` bytes each) end to end as one buffer
+    /// over the memory they lie in, where that is one block of this
+    /// backend's transfer memory and each array's values start where the
+    /// one before's end: consecutive batches of a table kept there
+    /// ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]), which are then
+    /// assembled and moved without a copy. `None` otherwise, found at the
+    /// cost of a look at the first array.
+    fn joined_in_place(&self, _arrays: &[&dyn Array], _width: usize) -> Option<Buffer> {
         None
     }
-    /// The values of `pieces` end to end, moved from where they lie where
-    /// [`JoinBackend::joined_in_place`] joins them; `None` otherwise, for
+    /// The values of `arrays` (each as wide as `T`) end to end, moved from
+    /// where they lie, where each run of them that lies end to end is in
+    /// one block of this backend's transfer memory; `None` otherwise, for
     /// the caller to copy them. As with [`JoinBackend::upload_with`], the
     /// transfer may still run when this returns.
-    fn upload_values_in_place<T: Element>(&self, _pieces: &[Buffer]) -> Result<Option<Self::Vector<T>>> {
+    fn upload_values_in_place<T: Element>(&self, _arrays: &[&dyn Array]) -> Result<Option<Self::Vector<T>>> {
         Ok(None)
     }
     /// Whether columns of this type live in backend memory; other columns
@@ -451,8 +454,8 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// A column of `rows` values of the fixed-width primitive `data_type`,
     /// none null, whose bytes `fill` writes straight into the memory the
     /// transfer reads: a column that came in many batches is copied once on
-    /// its way rather than assembled first. `pieces` are the same bytes
-    /// where they lie, read there instead where the backend can
+    /// its way rather than assembled first. `arrays` hold the same values,
+    /// read where they lie instead where the backend can
     /// ([`JoinBackend::upload_values_in_place`]). As with
     /// [`JoinBackend::upload_column`], the transfer may still run when this
     /// returns.
@@ -461,7 +464,7 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
         data_type: &DataType,
         rows: usize,
         fill: Fill<'_, u8>,
-        pieces: &[Buffer],
+        arrays: &[&dyn Array],
     ) -> Result<Self::Column>;
     fn download_column(&self, column: &Self::Column) -> Result<ArrayRef>;
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayData, ArrayRef, make_array};
-use arrow::buffer::{Buffer, MutableBuffer};
+use arrow::buffer::MutableBuffer;
 use arrow::compute::kernels::cmp;
 use arrow::compute::take;
 use arrow::datatypes::DataType;
@@ -120,7 +120,13 @@ impl JoinBackend for CpuBackend {
         Ok(Arc::clone(array))
     }
 
-    fn upload_values(&self, data_type: &DataType, rows: usize, fill: Fill<'_, u8>, _: &[Buffer]) -> Result<ArrayRef> {
+    fn upload_values(
+        &self,
+        data_type: &DataType,
+        rows: usize,
+        fill: Fill<'_, u8>,
+        _: &[&dyn Array],
+    ) -> Result<ArrayRef> {
         self.counters.check_cancelled("an upload")?;
         let width = value_width(data_type)
             .ok_or_else(|| internal_datafusion_err!("values of {data_type} do not lie end to end"))?;

@@ -15,6 +15,7 @@ use datafusion::error::Result;
 
 use super::CudaBackend;
 use super::memory::DeviceBuffer;
+use crate::arrays::value_bytes;
 use crate::backend::{Fill, JoinBackend, held_width, value_width};
 
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
@@ -83,20 +84,24 @@ impl CudaBackend {
         Ok(CudaColumn { data_type, len, width, values: Arc::new(values), validity: validity.map(Arc::new) })
     }
 
-    /// Read from `pieces` where they lie, where they are in pinned memory
+    /// Read from `arrays` where they lie, where they are in pinned memory
     /// (a table kept there), else copied by `fill`.
     pub(crate) fn upload_filled_array(
         &self,
         data_type: &DataType,
         rows: usize,
         fill: Fill<'_, u8>,
-        pieces: &[Buffer],
+        arrays: &[&dyn Array],
     ) -> Result<CudaColumn> {
         let width = value_width(data_type)
             .filter(|w| held_width(data_type) == Some(*w))
             .ok_or_else(|| internal_datafusion_err!("the CUDA backend does not hold {data_type} values end to end"))?;
         let what = "a payload column";
-        let values = match DeviceBuffer::upload_in_place(&self.instance, pieces, what)? {
+        let in_place = match self.pieces_in_place(arrays, width) {
+            Some(pieces) => DeviceBuffer::upload_in_place(&self.instance, &pieces, what)?,
+            None => None,
+        };
+        let values = match in_place {
             Some(values) if values.len() != rows * width => {
                 return Err(internal_datafusion_err!("{what}: {} bytes in place for {rows} rows", values.len()));
             }
@@ -104,6 +109,18 @@ impl CudaBackend {
             None => DeviceBuffer::upload_with(&self.instance, rows * width, fill, what)?,
         };
         Ok(CudaColumn { data_type: data_type.clone(), len: rows, width, values: Arc::new(values), validity: None })
+    }
+
+    /// The bytes of `arrays`' values (`width` bytes each), where the first
+    /// with any lies in a pinned block, so that the others may too (a table
+    /// kept in pinned memory); `None`, at the cost of that one look, where
+    /// it does not.
+    pub(crate) fn pieces_in_place(&self, arrays: &[&dyn Array], width: usize) -> Option<Vec<Buffer>> {
+        let first = arrays.iter().find(|array| !array.is_empty())?;
+        if !self.instance.device.pinned.holds(value_bytes(*first, width)?.as_slice()) {
+            return None;
+        }
+        arrays.iter().map(|array| value_bytes(*array, width)).collect()
     }
 
     pub(crate) fn download_array(&self, column: &CudaColumn) -> Result<ArrayRef> {

@@ -15,7 +15,7 @@ mod uncached;
 
 use std::sync::Arc;
 
-use arrow::array::ArrayRef;
+use arrow::array::{Array, ArrayRef};
 use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -193,12 +193,15 @@ impl JoinBackend for CudaBackend {
         Some(Box::new(loan))
     }
 
-    fn joined_in_place(&self, pieces: &[Buffer]) -> Option<Buffer> {
-        self.instance.device.pinned.joined(pieces)
+    fn joined_in_place(&self, arrays: &[&dyn Array], width: usize) -> Option<Buffer> {
+        self.instance.device.pinned.joined(&self.pieces_in_place(arrays, width)?)
     }
 
-    fn upload_values_in_place<T: Element>(&self, pieces: &[Buffer]) -> Result<Option<DeviceBuffer<T>>> {
-        let Some(bytes) = DeviceBuffer::<u8>::upload_in_place(&self.instance, pieces, "values in place")? else {
+    fn upload_values_in_place<T: Element>(&self, arrays: &[&dyn Array]) -> Result<Option<DeviceBuffer<T>>> {
+        let Some(pieces) = self.pieces_in_place(arrays, size_of::<T>()) else {
+            return Ok(None);
+        };
+        let Some(bytes) = DeviceBuffer::<u8>::upload_in_place(&self.instance, &pieces, "values in place")? else {
             return Ok(None);
         };
         let len = bytes.len() / size_of::<T>();
@@ -221,9 +224,9 @@ impl JoinBackend for CudaBackend {
         data_type: &DataType,
         rows: usize,
         fill: Fill<'_, u8>,
-        pieces: &[Buffer],
+        arrays: &[&dyn Array],
     ) -> Result<CudaColumn> {
-        self.upload_filled_array(data_type, rows, fill, pieces)
+        self.upload_filled_array(data_type, rows, fill, arrays)
     }
 
     fn download_column(&self, column: &CudaColumn) -> Result<ArrayRef> {
