@@ -37,7 +37,7 @@ def main(source, target):
         axis.axhline(1.5 * floor, color="tab:red", linestyle="--", label=f"1.5 x PCIe floor ({1.5 * floor:.0f} ms)")
         axis.axhline(floor, color="black", linestyle=":", label=f"PCIe floor ({floor:.0f} ms)")
         axis.set_xticks(range(len(mine)), labels, fontsize=7)
-        axis.set_title(f"{workload}: GPU join alone, ms (median of the process)")
+        axis.set_title(f"{workload}: GPU join alone, ms (per process)")
         axis.legend(fontsize=8, loc="upper left")
     axes[0].set_ylabel("ms")
     figure.suptitle("Tables in pinned memory (green) and as made (grey), H100, 2026-11-28", fontsize=10)
