@@ -66,7 +66,10 @@ impl BackendHandle {
         match self {
             BackendHandle::Cpu => Ok(partitions),
             BackendHandle::Cuda(device) => crate::pinned_batches::pin_partitions(partitions, &|bytes| {
-                Ok(Box::new(device.pinned.keep(bytes)?) as Box<dyn TransferMemory>)
+                let block = device.pinned.keep(bytes).map_err(|e| {
+                    e.context(format!("keeping a table's column of {bytes} bytes in pinned memory: free host memory, or join the batches as they are"))
+                })?;
+                Ok(Box::new(block) as Box<dyn TransferMemory>)
             }),
         }
     }
