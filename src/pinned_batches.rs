@@ -14,7 +14,10 @@
 //! chunk's keys, or a build side's columns, in one transfer per block
 //! straight from the table, and codes the keys on the device.
 
+use std::sync::Arc;
+
 use arrow::array::{Array, ArrayData, ArrayRef, RecordBatch, make_array};
+use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
@@ -57,8 +60,13 @@ fn pin_partition(
             let columns = columns
                 .iter()
                 .zip(batch.columns())
-                .map(|(pinned, column)| pinned.as_ref().map_or_else(|| column.clone(), |arrays| arrays[b].clone()))
-                .collect();
+                .map(|(pinned, column)| match pinned {
+                    None => Ok(Arc::clone(column)),
+                    Some(arrays) => arrays.get(b).cloned().ok_or_else(|| {
+                        internal_datafusion_err!("batch {b} of a pinned column of {} batches", arrays.len())
+                    }),
+                })
+                .collect::<Result<Vec<_>>>()?;
             Ok(RecordBatch::try_new(batch.schema(), columns)?)
         })
         .collect()
@@ -95,8 +103,6 @@ fn pin_column(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use arrow::array::{BooleanArray, Int64Array, StringArray};
     use arrow::buffer::{Buffer, MutableBuffer};
     use arrow::datatypes::{DataType, Field, Schema};
