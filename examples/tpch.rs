@@ -7,7 +7,7 @@
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
-//!     [--placements] [--set NAME=VALUE ...]
+//!     [--placements] [--pinned] [--set NAME=VALUE ...]
 //! ```
 //!
 //! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated (in
@@ -20,7 +20,9 @@
 //! `--parquet DIR` writes the tables as Parquet files under `DIR` (one file
 //! per partition, kept for the next run of the same workload, scale factor
 //! and partitions) and reads them from there, as listing tables, instead of
-//! holding them in memory.
+//! holding them in memory. `--pinned` keeps the tables held in memory in
+//! pinned memory (`gpu_join_pin_batches`), which the GPU join reads where
+//! they lie; both sessions read the same pinned tables.
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
 //! CPU reference backend otherwise. `--min-rows` is `gpu_join.min_rows` and
@@ -75,6 +77,8 @@ struct Args {
     explain: bool,
     plans: bool,
     placements: bool,
+    /// The in-memory tables kept in pinned memory.
+    pinned: bool,
     /// Where the Parquet files go; the tables are held in memory without it.
     parquet: Option<PathBuf>,
     /// Where TPC-DS's query files are; TPC-H runs without it.
@@ -97,6 +101,7 @@ fn parse_args() -> Result<Args> {
         explain: false,
         plans: false,
         placements: false,
+        pinned: false,
         parquet: None,
         tpcds: None,
         settings: vec![],
@@ -125,6 +130,7 @@ fn parse_args() -> Result<Args> {
             "--explain" => args.explain = true,
             "--plans" => args.plans = true,
             "--placements" => args.placements = true,
+            "--pinned" => args.pinned = true,
             "--parquet" => args.parquet = Some(PathBuf::from(value()?)),
             "--tpcds" => args.tpcds = Some(PathBuf::from(value()?)),
             "--set" => {
@@ -134,6 +140,11 @@ fn parse_args() -> Result<Args> {
             }
             other => return Err(bad(other)),
         }
+    }
+    if args.pinned && args.parquet.is_some() {
+        return Err(DataFusionError::Configuration(
+            "--pinned keeps the tables held in memory in pinned memory; with --parquet none are".to_string(),
+        ));
     }
     if args.queries.is_empty() {
         args.queries = match &args.tpcds {
@@ -306,8 +317,14 @@ async fn main() -> Result<()> {
                 Some(_) => tpcds::register_tables(&gpu, args.scale_factor, args.partitions)?,
                 None => tpch::register_tables(&gpu, args.scale_factor, args.partitions)?,
             }
+            if args.pinned {
+                workloads::pin_tables(&gpu).await?;
+            }
             workloads::share_tables(&gpu, &cpu).await?;
-            "in memory".to_string()
+            match args.pinned {
+                true => "in memory, pinned where a CUDA device joins them".to_string(),
+                false => "in memory".to_string(),
+            }
         }
     };
     println!(

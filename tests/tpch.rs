@@ -2,7 +2,7 @@
 //! query through the GPU join gives DataFusion's rows.
 
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::workloads::tpch;
+use datafusion_gpu_join::workloads::{self, tpch};
 
 use crate::common::{datafusion_context, gpu_context, sorted_rows};
 
@@ -15,6 +15,19 @@ async fn tpch_queries_match_datafusion() {
     tpch::register_tables(&gpu, SCALE_FACTOR, 3).expect("tables");
     tpch::register_tables(&reference, SCALE_FACTOR, 3).expect("tables");
     // Every join but those of Q15 (planned against its view) is counted.
+    let joins_on_gpu = queries_match(&gpu, &reference).await;
+    assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
+}
+
+/// The same over tables whose batches the GPU session keeps in pinned
+/// memory (as they are on the CPU backend), joined where they lie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_queries_over_pinned_tables_match_datafusion() {
+    let config = SessionConfig::new().with_target_partitions(3).with_batch_size(1000);
+    let (gpu, reference) = (gpu_context(config.clone()), datafusion_context(config));
+    tpch::register_tables(&gpu, SCALE_FACTOR, 3).expect("tables");
+    tpch::register_tables(&reference, SCALE_FACTOR, 3).expect("tables");
+    workloads::pin_tables(&gpu).await.expect("tables pinned");
     let joins_on_gpu = queries_match(&gpu, &reference).await;
     assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
 }

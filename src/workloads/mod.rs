@@ -19,6 +19,8 @@ use datafusion::error::Result;
 use datafusion::physical_plan::collect;
 use datafusion::prelude::SessionContext;
 
+use crate::GpuJoinContextExt;
+
 /// Registers a table generated in parts as an in-memory table with one
 /// partition per part.
 fn register_parts(ctx: &SessionContext, table: &str, parts: Vec<(SchemaRef, Vec<RecordBatch>)>) -> Result<()> {
@@ -43,6 +45,28 @@ pub async fn share_tables(from: &SessionContext, to: &SessionContext) -> Result<
         if let Some(table) = schema.table(&name).await? {
             to.register_table(name.as_str(), table)?;
         }
+    }
+    Ok(())
+}
+
+/// Registers every table of `ctx`'s default schema again, its batches kept
+/// in pinned memory ([`GpuJoinContextExt::gpu_join_pin_batches`]), in the
+/// partitions it had: for in-memory tables that are joined again and again.
+/// Where the session would not join on a CUDA device, the tables stay as
+/// they were.
+pub async fn pin_tables(ctx: &SessionContext) -> Result<()> {
+    let state = ctx.state();
+    let defaults = &state.config().options().catalog;
+    let schema = ctx
+        .catalog(&defaults.default_catalog)
+        .and_then(|catalog| catalog.schema(&defaults.default_schema))
+        .ok_or_else(|| exec_datafusion_err!("no default schema {}", defaults.default_schema))?;
+    for name in schema.table_names() {
+        let table = ctx.table(name.as_str()).await?;
+        let table_schema = Arc::clone(table.schema().inner());
+        let pinned = ctx.gpu_join_pin_batches(table.collect_partitioned().await?)?;
+        ctx.deregister_table(name.as_str())?;
+        ctx.register_table(name.as_str(), Arc::new(MemTable::try_new(table_schema, pinned)?))?;
     }
     Ok(())
 }
