@@ -10,23 +10,26 @@ const SCALE_FACTOR: f64 = 0.01;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_queries_match_datafusion() {
+    let (gpu, reference) = sessions_over_memory();
+    // Every join but those of Q15 (planned against its view) is counted.
+    let joins_on_gpu = queries_match(&gpu, &reference).await;
+    assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
+}
+
+/// The GPU session and DataFusion's, each over TPC-H's tables in memory.
+fn sessions_over_memory() -> (SessionContext, SessionContext) {
     let config = SessionConfig::new().with_target_partitions(3).with_batch_size(1000);
     let (gpu, reference) = (gpu_context(config.clone()), datafusion_context(config));
     tpch::register_tables(&gpu, SCALE_FACTOR, 3).expect("tables");
     tpch::register_tables(&reference, SCALE_FACTOR, 3).expect("tables");
-    // Every join but those of Q15 (planned against its view) is counted.
-    let joins_on_gpu = queries_match(&gpu, &reference).await;
-    assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
+    (gpu, reference)
 }
 
 /// The same over tables whose batches the GPU session keeps in pinned
 /// memory (as they are on the CPU backend), joined where they lie.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_queries_over_pinned_tables_match_datafusion() {
-    let config = SessionConfig::new().with_target_partitions(3).with_batch_size(1000);
-    let (gpu, reference) = (gpu_context(config.clone()), datafusion_context(config));
-    tpch::register_tables(&gpu, SCALE_FACTOR, 3).expect("tables");
-    tpch::register_tables(&reference, SCALE_FACTOR, 3).expect("tables");
+    let (gpu, reference) = sessions_over_memory();
     workloads::pin_tables(&gpu).await.expect("tables pinned");
     let joins_on_gpu = queries_match(&gpu, &reference).await;
     assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");

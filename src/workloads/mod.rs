@@ -13,7 +13,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Float64Type, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::catalog::MemTable;
+use datafusion::catalog::{MemTable, SchemaProvider};
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
 use datafusion::physical_plan::collect;
@@ -35,12 +35,7 @@ fn register_parts(ctx: &SessionContext, table: &str, parts: Vec<(SchemaRef, Vec<
 /// providers: two sessions compared then read one copy of the data, from
 /// the same memory, rather than copies generated apart.
 pub async fn share_tables(from: &SessionContext, to: &SessionContext) -> Result<()> {
-    let state = from.state();
-    let defaults = &state.config().options().catalog;
-    let schema = from
-        .catalog(&defaults.default_catalog)
-        .and_then(|catalog| catalog.schema(&defaults.default_schema))
-        .ok_or_else(|| exec_datafusion_err!("no default schema {}", defaults.default_schema))?;
+    let schema = default_schema(from)?;
     for name in schema.table_names() {
         if let Some(table) = schema.table(&name).await? {
             to.register_table(name.as_str(), table)?;
@@ -55,13 +50,7 @@ pub async fn share_tables(from: &SessionContext, to: &SessionContext) -> Result<
 /// Where the session would not join on a CUDA device, the tables stay as
 /// they were.
 pub async fn pin_tables(ctx: &SessionContext) -> Result<()> {
-    let state = ctx.state();
-    let defaults = &state.config().options().catalog;
-    let schema = ctx
-        .catalog(&defaults.default_catalog)
-        .and_then(|catalog| catalog.schema(&defaults.default_schema))
-        .ok_or_else(|| exec_datafusion_err!("no default schema {}", defaults.default_schema))?;
-    for name in schema.table_names() {
+    for name in default_schema(ctx)?.table_names() {
         let table = ctx.table(name.as_str()).await?;
         let table_schema = Arc::clone(table.schema().inner());
         let pinned = ctx.gpu_join_pin_batches(table.collect_partitioned().await?)?;
@@ -69,6 +58,15 @@ pub async fn pin_tables(ctx: &SessionContext) -> Result<()> {
         ctx.register_table(name.as_str(), Arc::new(MemTable::try_new(table_schema, pinned)?))?;
     }
     Ok(())
+}
+
+/// The schema `ctx` registers tables in by default.
+fn default_schema(ctx: &SessionContext) -> Result<Arc<dyn SchemaProvider>> {
+    let state = ctx.state();
+    let defaults = &state.config().options().catalog;
+    ctx.catalog(&defaults.default_catalog)
+        .and_then(|catalog| catalog.schema(&defaults.default_schema))
+        .ok_or_else(|| exec_datafusion_err!("no default schema {}", defaults.default_schema))
 }
 
 /// Whether a statement returns rows (a `SELECT`, or one led by `WITH`).
