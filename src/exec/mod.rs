@@ -22,6 +22,8 @@ mod smaller_side;
 mod staging;
 mod stream;
 
+pub(crate) use stream::run_blocking;
+
 use std::any::Any;
 use std::sync::Arc;
 

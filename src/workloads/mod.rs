@@ -20,6 +20,7 @@ use datafusion::physical_plan::collect;
 use datafusion::prelude::SessionContext;
 
 use crate::GpuJoinContextExt;
+use crate::exec::run_blocking;
 
 /// Registers a table generated in parts as an in-memory table with one
 /// partition per part.
@@ -47,13 +48,15 @@ pub async fn share_tables(from: &SessionContext, to: &SessionContext) -> Result<
 /// Registers every table of `ctx`'s default schema again, its batches kept
 /// in pinned memory ([`GpuJoinContextExt::gpu_join_pin_batches`]), in the
 /// partitions it had: for in-memory tables that are joined again and again.
-/// Where the session would not join on a CUDA device, the tables stay as
-/// they were.
+/// Where the session would not join on a CUDA device, each is registered
+/// again over the same batches. The copies and the pinned allocations run
+/// on tokio's blocking pool, off the async workers.
 pub async fn pin_tables(ctx: &SessionContext) -> Result<()> {
     for name in default_schema(ctx)?.table_names() {
         let table = ctx.table(name.as_str()).await?;
         let table_schema = Arc::clone(table.schema().inner());
-        let pinned = ctx.gpu_join_pin_batches(table.collect_partitioned().await?)?;
+        let (pinning, partitions) = (ctx.clone(), table.collect_partitioned().await?);
+        let pinned = run_blocking("pinning a table", move || pinning.gpu_join_pin_batches(partitions)).await?;
         ctx.deregister_table(name.as_str())?;
         ctx.register_table(name.as_str(), Arc::new(MemTable::try_new(table_schema, pinned)?))?;
     }
