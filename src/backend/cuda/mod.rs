@@ -19,7 +19,7 @@ use arrow::array::{Array, ArrayRef};
 use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
+use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
 
 pub use column::CudaColumn;
@@ -201,18 +201,12 @@ impl JoinBackend for CudaBackend {
         let Some(pieces) = self.pieces_in_place(arrays, size_of::<T>()) else {
             return Ok(None);
         };
-        let Some(bytes) = DeviceBuffer::<u8>::upload_in_place(&self.instance, &pieces, "values in place")? else {
-            return Ok(None);
-        };
-        let len = bytes.len() / size_of::<T>();
-        if len * size_of::<T>() != bytes.len() {
-            return Err(internal_datafusion_err!(
-                "{} bytes in place are not values of {} bytes",
-                bytes.len(),
-                size_of::<T>()
-            ));
-        }
-        Ok(Some(bytes.into_typed(len)))
+        // Each piece holds whole values of `T`, so their bytes end to end do.
+        let in_place = DeviceBuffer::<u8>::upload_in_place(&self.instance, &pieces, "values in place")?;
+        Ok(in_place.map(|bytes| {
+            let len = bytes.len() / size_of::<T>();
+            bytes.into_typed(len)
+        }))
     }
 
     fn upload_column(&self, array: &ArrayRef) -> Result<CudaColumn> {
