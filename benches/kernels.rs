@@ -170,16 +170,20 @@ enum Method {
     SortMerge,
     /// As `SortMerge`, sorting by every bit of the key.
     SortMergeFullWidth,
+    /// The build side sorted with a directory of its key codes; the probe
+    /// side as it is, its payloads gathered by row.
+    Direct,
 }
 
 /// The algorithms measured, with the paper's names: -OM gathers from the
 /// transformed relations (payloads travel with the keys, GFTR), -UM by row
-/// id (GFUR).
-const ALGORITHMS: [(&str, Method, Space); 4] = [
+/// id (GFUR); a directory join's probe side is never transformed.
+const ALGORITHMS: [(&str, Method, Space); 5] = [
     ("PHJ-OM", Method::PartitionedHash, Space::Transformed),
     ("PHJ-UM", Method::PartitionedHash, Space::Original),
     ("SMJ-OM", Method::SortMerge, Space::Transformed),
     ("SMJ-UM", Method::SortMerge, Space::Original),
+    ("DIR-OM", Method::Direct, Space::Transformed),
 ];
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -214,33 +218,44 @@ fn run<K: NormalizedKey>(
         let with_row_ids = space == Space::Original;
         match method {
             Method::PartitionedHash => gpu.partition(&side.keys, &payloads, with_row_ids, spec).expect("partition"),
-            Method::SortMerge => gpu.sort(&side.keys, &payloads, with_row_ids, side.sort).expect("sort"),
+            Method::SortMerge | Method::Direct => {
+                gpu.sort(&side.keys, &payloads, with_row_ids, side.sort).expect("sort")
+            }
             Method::SortMergeFullWidth => {
                 gpu.sort(&side.keys, &payloads, with_row_ids, SortSpec::full::<K>()).expect("sort")
             }
         }
     };
-    let (build_t, probe_t) = (transform(build, spaces.0), transform(probe, spaces.1));
+    let build_t = transform(build, spaces.0);
+    let (probe_t, directory) = match method {
+        // Every code of the sort's key bits but the bit for unmatchable keys.
+        Method::Direct => (None, Some(gpu.directory(&build_t, 1 << (build.sort.key_bits - 1)).expect("directory"))),
+        _ => (Some(transform(probe, spaces.1)), None),
+    };
     gpu.finish().expect("transform");
     let transformed = start.elapsed();
 
-    let matches = match method {
-        Method::PartitionedHash => {
+    let matches = match (method, &probe_t, &directory) {
+        (Method::PartitionedHash, Some(probe_t), _) => {
             let tables = gpu.hash_tables(&build_t).expect("hash tables");
-            gpu.hash_match(&build_t, &tables, &probe_t, spaces).expect("match")
+            gpu.hash_match(&build_t, &tables, probe_t, spaces).expect("match")
         }
-        Method::SortMerge | Method::SortMergeFullWidth => gpu.merge_match(&build_t, &probe_t, spaces).expect("match"),
+        (Method::SortMerge | Method::SortMergeFullWidth, Some(probe_t), _) => {
+            gpu.merge_match(&build_t, probe_t, spaces).expect("match")
+        }
+        (_, _, Some(directory)) => gpu.directory_match(&build_t, directory, &probe.keys, spaces.0).expect("match"),
+        _ => unreachable!("a probe side transformed or a directory"),
     };
     gpu.finish().expect("match");
     let matched = start.elapsed();
 
     let mut output = vec![];
     for (space, transformed, side, positions) in
-        [(spaces.0, &build_t, build, &matches.build), (spaces.1, &probe_t, probe, &matches.probe)]
+        [(spaces.0, Some(&build_t), build, &matches.build), (spaces.1, probe_t.as_ref(), probe, &matches.probe)]
     {
-        let columns = match space {
-            Space::Transformed => &transformed.payloads,
-            Space::Original => &side.payloads,
+        let columns = match (space, transformed) {
+            (Space::Transformed, Some(transformed)) => &transformed.payloads,
+            _ => &side.payloads,
         };
         for column in columns {
             output.push(gpu.gather_column(column, positions, false).expect("gather"));

@@ -369,13 +369,18 @@ async fn run_join(ctx: &SessionContext, sql: &str) -> JoinRun {
     let elapsed = start.elapsed();
     let metrics = join.metrics().expect("metrics");
     let sum = |name: &str| metrics.sum_by_name(name).map_or(0, |v| v.as_usize() as u64);
+    let (strategy, reasons) = join.downcast_ref::<GpuJoinExec>().expect("a GPU join").strategy_text();
     JoinRun {
         elapsed,
         first_output: first.map_or(elapsed, |f| f - start),
         rows,
         up: sum("bytes_to_device"),
         down: sum("bytes_from_device"),
-        metrics: metrics.aggregate_by_name().sorted_for_display().to_string(),
+        metrics: format!(
+            "{}; strategy {strategy} ({})",
+            metrics.aggregate_by_name().sorted_for_display(),
+            reasons.unwrap_or_default()
+        ),
     }
 }
 

@@ -74,6 +74,9 @@ config_enum! {
         Hash => "hash",
         /// Sort-merge join (SMJ).
         SortMerge => "sort_merge",
+        /// Directory join (DIR) where the build side's key codes are dense
+        /// enough, partitioned hash join where they are not.
+        Direct => "direct",
     } default Auto
 }
 
@@ -194,7 +197,7 @@ extensions_options! {
         pub enabled: bool, default = true
         /// Backend running the join primitives: auto, cuda or cpu.
         pub backend: BackendChoice, default = BackendChoice::Auto
-        /// Join algorithm: auto, hash or sort_merge.
+        /// Join algorithm: auto, hash, sort_merge or direct.
         pub algorithm: AlgorithmChoice, default = AlgorithmChoice::Auto
         /// Payload materialization: auto, transformed (GFTR) or untransformed (GFUR).
         pub materialization: MaterializationChoice, default = MaterializationChoice::Auto

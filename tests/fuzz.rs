@@ -322,7 +322,7 @@ fn random_case(seed: u64) -> Case {
         collect_left,
         partitions,
         projection,
-        algorithm: *[AlgorithmChoice::Hash, AlgorithmChoice::SortMerge, AlgorithmChoice::Auto]
+        algorithm: *[AlgorithmChoice::Hash, AlgorithmChoice::SortMerge, AlgorithmChoice::Direct, AlgorithmChoice::Auto]
             .choose(&mut rng)
             .expect("non-empty"),
         materialization: *[

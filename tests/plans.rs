@@ -290,8 +290,9 @@ async fn explain_analyze_shows_rows_bytes_phases_and_memory() {
 }
 
 /// EXPLAIN shows the strategy the settings or fixed rules give, or `auto`
-/// where the device's cost model chooses per build side; EXPLAIN ANALYZE
-/// then shows what ran and, for a weighed choice, why.
+/// where the build side's keys (dense enough for a directory join or not)
+/// or the device's cost model choose per build side; EXPLAIN ANALYZE then
+/// shows what ran and why.
 #[tokio::test]
 async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
     let ctx = context_with_tables(SessionConfig::new()).await;
@@ -299,16 +300,19 @@ async fn explain_shows_the_strategy_and_explain_analyze_the_reason() {
     let planned = physical_plan_text(&ctx, sql).await;
     let analyzed = explain_analyze(&ctx, sql).await;
     let line = analyzed.lines().find(|l| l.contains("GpuJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
+    assert!(planned.contains("algorithm=auto"), "{planned}");
+    assert!(!line.contains("algorithm=auto") && line.contains("chosen=["), "{line}");
     match test_options().backend {
         BackendChoice::Cuda => {
-            assert!(planned.contains("algorithm=auto"), "{planned}");
-            assert!(!line.contains("algorithm=auto") && line.contains("chosen=["), "{line}");
             assert!(line.contains("estimated ") && line.contains("4 build rows, 5 probe rows"), "{line}");
         }
-        _ => {
-            assert!(planned.contains("algorithm=PHJ-UM"), "{planned}");
-            assert!(line.contains("algorithm=PHJ-UM") && !line.contains("chosen=["), "{line}");
-        }
+        // Keys 2 to 5 of the build side (r) take 4 codes: a directory join,
+        // by the fixed rule.
+        _ => assert!(line.contains("algorithm=DIR-UM") && line.contains("fixed rule; 4 key codes"), "{line}"),
+    }
+    run(&ctx, "SET gpu_join.algorithm = 'hash'").await;
+    if test_options().backend != BackendChoice::Cuda {
+        assert!(physical_plan_text(&ctx, sql).await.contains("algorithm=PHJ-UM"));
     }
     run(&ctx, "SET gpu_join.algorithm = 'sort_merge'").await;
     run(&ctx, "SET gpu_join.materialization = 'transformed'").await;

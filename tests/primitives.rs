@@ -213,6 +213,63 @@ fn matches_as_rows<B: JoinBackend, K: NormalizedKey>(
     pairs
 }
 
+/// The definition of a directory: entry `c` counts the build keys below
+/// code `c` (unmatchable keys are above every code).
+fn expected_directory<K: NormalizedKey>(build: &[K], codes: u32) -> Vec<u32> {
+    let mut directory = vec![0u32; codes as usize + 1];
+    for key in build.iter().map(|k| k.to_u64()).filter(|&k| k < u64::from(codes)) {
+        directory[key as usize + 1] += 1;
+    }
+    directory
+        .iter()
+        .scan(0, |sum, &count| {
+            *sum += count;
+            Some(*sum)
+        })
+        .collect()
+}
+
+/// Largest key bits a sort's spec may have for the directory join to be
+/// tested on it: a directory of at most 2^28 codes.
+const DIRECTORY_KEY_BITS: u32 = 29;
+
+/// A sorted build side's directory, and the directory match of each probe
+/// side's keys as they are, against the definitions: every pair of equal
+/// keys, in probe order.
+fn check_directory_match<B: JoinBackend, K: NormalizedKey>(
+    tested: &B,
+    build: &Transformed<B, K>,
+    build_keys: &[K],
+    probes: &[(Vec<K>, ArrayRef)],
+    spec: SortSpec,
+    what: &str,
+) {
+    let codes = 1u32 << (spec.key_bits - 1);
+    let directory = tested.directory(build, codes).unwrap();
+    let expected = expected_directory(build_keys, codes);
+    assert!(tested.download(&directory).unwrap() == expected, "{what}: the directory of {codes} codes differs");
+    let row_ids = tested.download(build.row_ids.as_ref().unwrap()).unwrap();
+    for (probe_keys, _) in probes {
+        let keys = tested.upload(probe_keys).unwrap();
+        for space in [Space::Transformed, Space::Original] {
+            let candidates = tested.directory_match(build, &directory, &keys, space).unwrap();
+            let probe = tested.download(&candidates.probe).unwrap();
+            assert!(probe.is_sorted(), "{what}, {space:?}: directory matches out of probe order");
+            let build_rows = tested.download(&candidates.build).unwrap().into_iter().map(|p| match space {
+                Space::Transformed => row_ids[p as usize],
+                Space::Original => p,
+            });
+            let mut pairs: Vec<(u32, u32)> = build_rows.zip(probe).collect();
+            pairs.par_sort_unstable();
+            assert!(
+                pairs == expected_matches(build_keys, probe_keys),
+                "{what}, {} probe rows, {space:?}: directory matches differ",
+                probe_keys.len()
+            );
+        }
+    }
+}
+
 fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Device, rng: &mut StdRng, case: &str) {
     let (cpu, tested) = (open::<CpuBackend>(&()), open::<B>(device));
     for &rows in &sizes() {
@@ -261,6 +318,12 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
                 // the build side, then two far smaller ones (probe chunks of a
                 // large build side), which a backend may match differently,
                 // the second through what the first left built.
+                match layout {
+                    Layout::Sorted(spec) if layout == tight && spec.key_bits <= DIRECTORY_KEY_BITS => {
+                        check_directory_match(&tested, &build, &build_keys, &probes, spec, &what)
+                    }
+                    _ => {}
+                }
                 let tables = matches!(layout, Layout::Partitioned(_)).then(|| tested.hash_tables(&build).unwrap());
                 for (probe_keys, probe_payload) in &probes {
                     let probe = transform(&tested, probe_keys, probe_payload, layout);

@@ -20,7 +20,7 @@ use datafusion_gpu_join::algorithms::choice::{
     CostProfile, Estimate, JoinShape, KeySample, estimate, estimate_keys, every_strategy, sample_rows, weigh,
 };
 use datafusion_gpu_join::backend::cuda::CudaBackend;
-use datafusion_gpu_join::backend::{JoinBackend, PartitionSpec, SortSpec, radix_pass_count};
+use datafusion_gpu_join::backend::{JoinBackend, PartitionSpec, SortSpec, Space, radix_pass_count};
 use datafusion_gpu_join::keys::NormalizedKey;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -92,6 +92,7 @@ fn method(strategy: Strategy) -> Method {
     match strategy.algorithm {
         Algorithm::PartitionedHash => Method::PartitionedHash,
         Algorithm::SortMerge => Method::SortMerge,
+        Algorithm::Direct => Method::Direct,
     }
 }
 
@@ -163,11 +164,12 @@ fn sweep_cell<K: NormalizedKey>(
     let estimated = ALGORITHMS
         .iter()
         .map(|&(_, method, space)| {
-            let algorithm = match method {
-                Method::PartitionedHash => Algorithm::PartitionedHash,
-                Method::SortMerge | Method::SortMergeFullWidth => Algorithm::SortMerge,
+            let (algorithm, probe_space) = match method {
+                Method::PartitionedHash => (Algorithm::PartitionedHash, space),
+                Method::SortMerge | Method::SortMergeFullWidth => (Algorithm::SortMerge, space),
+                Method::Direct => (Algorithm::Direct, Space::Original),
             };
-            estimate(profile, &shape, Strategy { algorithm, build_space: space, probe_space: space })
+            estimate(profile, &shape, Strategy { algorithm, build_space: space, probe_space })
         })
         .collect();
     let runs = runs.into_inner().expect("runs");

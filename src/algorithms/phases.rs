@@ -10,7 +10,8 @@ use crate::keys::{KeyEncoder, NormalizedKey};
 
 /// Transforms the build side: a radix partition with enough bits that build
 /// partitions fit the backend's fast memory (partitioned hash join), or a
-/// radix sort over the key bits in use (sort-merge join).
+/// radix sort over the key bits in use (sort-merge join), with a directory
+/// of each key code's run (directory join).
 pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
     algorithm: Algorithm,
@@ -27,20 +28,46 @@ pub(crate) fn transform_build<B: JoinBackend, K: NormalizedKey>(
             Ok(relation)
         }
         Algorithm::SortMerge => backend.sort(keys, payloads, with_row_ids, encoder.sort_spec::<K>()),
+        Algorithm::Direct => {
+            let Some(codes) = encoder.code_count() else {
+                return internal_err!("a directory join over keys of no code count ({})", encoder.describe());
+            };
+            let mut relation = backend.sort(keys, payloads, with_row_ids, encoder.sort_spec::<K>())?;
+            relation.directory = Some(backend.directory(&relation, codes)?);
+            Ok(relation)
+        }
     }
 }
 
-/// Transforms a probe chunk exactly as the build side was transformed.
+/// Transforms a probe chunk exactly as the build side was transformed;
+/// `None` where the build side has a directory, in which probe keys as they
+/// are find their matches.
 pub(crate) fn transform_probe<B: JoinBackend, K: NormalizedKey>(
     backend: &B,
-    build_layout: Layout,
+    build: &Transformed<B, K>,
     keys: &B::Vector<K>,
     payloads: &[&B::Column],
     with_row_ids: bool,
-) -> Result<Transformed<B, K>> {
-    match build_layout {
-        Layout::Partitioned(spec) => backend.partition(keys, payloads, with_row_ids, spec),
-        Layout::Sorted(spec) => backend.sort(keys, payloads, with_row_ids, spec),
+) -> Result<Option<Transformed<B, K>>> {
+    let relation = match (build.layout, &build.directory) {
+        (_, Some(_)) => return Ok(None),
+        (Layout::Partitioned(spec), None) => backend.partition(keys, payloads, with_row_ids, spec)?,
+        (Layout::Sorted(spec), None) => backend.sort(keys, payloads, with_row_ids, spec)?,
+    };
+    Ok(Some(relation))
+}
+
+/// Candidate pairs of a build side with a directory and probe keys as they
+/// are, probe positions in original rows.
+pub(crate) fn find_directory_matches<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    probe_keys: &B::Vector<K>,
+    build_space: Space,
+) -> Result<Candidates<B>> {
+    match &build.directory {
+        Some(directory) => backend.directory_match(build, directory, probe_keys, build_space),
+        None => internal_err!("a directory match of a build side without a directory"),
     }
 }
 

@@ -16,7 +16,7 @@ use super::JoinDefinition;
 use super::choice::{self, Choice};
 use super::host_rows::HostRows;
 use super::materialize::{output_batch, probe_rows_passed_through};
-use super::phases::{find_matches, transform_build, transform_probe};
+use super::phases::{find_directory_matches, find_matches, transform_build, transform_probe};
 use super::residual;
 use super::semantics::{ProbeSummary, build_side_rows, each_probe_row_once, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{
@@ -384,7 +384,8 @@ fn encode_and_choose<B: JoinBackend>(
         true => staged_keys.concatenated()?,
         false => vec![],
     };
-    let choice = choice::choose(profile, B::PREFERRED_GATHER_SPACE, definition, || {
+    let directory = choice::directory_codes(encoder.code_count(), rows.rows());
+    let choice = choice::choose(profile, B::PREFERRED_GATHER_SPACE, definition, directory, || {
         choice::observe_shape(backend, definition, &encoder, &staged_keys.pieces, rows.rows())
     })?;
     let probe_encoder = encoder.for_probe_side();
@@ -698,7 +699,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
 ) -> Result<JoinedChunk> {
     let timer = timers.transform.timer();
     let payloads: Vec<&B::Column> = chunk.to_transform.iter().collect();
-    let probe_relation = transform_probe(backend, build_relation.layout, keys, &payloads, chunk.with_row_ids)?;
+    let probe_relation = transform_probe(backend, build_relation, keys, &payloads, chunk.with_row_ids)?;
     drop(payloads);
     timer.done();
 
@@ -708,13 +709,16 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         rows: &chunk.chunk,
         keys: &chunk.key_arrays,
         space: chunk.space,
-        row_ids: probe_relation.row_ids.as_ref(),
+        row_ids: probe_relation.as_ref().and_then(|r| r.row_ids.as_ref()),
         placements: &chunk.placements,
-        payloads: &probe_relation.payloads,
+        payloads: probe_relation.as_ref().map_or(&[], |r| r.payloads.as_slice()),
         filter_columns: &chunk.filter_columns,
     };
-    let candidates =
-        find_matches(backend, build_relation, &probe_relation, (build.choice().strategy.build_space, chunk.space))?;
+    let build_space = build.choice().strategy.build_space;
+    let candidates = match &probe_relation {
+        Some(probe_relation) => find_matches(backend, build_relation, probe_relation, (build_space, chunk.space))?,
+        None => find_directory_matches(backend, build_relation, keys, build_space)?,
+    };
     check_candidates(backend.len(&candidates.probe) as u64)?;
     let matches =
         residual::apply(backend, definition, build.plan.encoder.exactness(), &build_view, &probe_view, candidates)?;
@@ -723,7 +727,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
             backend,
             definition,
             matches,
-            probe_relation.rows,
+            chunk.rows(),
             build.visited.as_ref(),
             chunk.keep_probe_order,
         )?,

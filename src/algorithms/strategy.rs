@@ -4,13 +4,17 @@ use std::fmt;
 
 use crate::backend::Space;
 
-/// A join algorithm of the GFTR paper.
+/// A join algorithm: the GFTR paper's two, and a directory join for dense keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     /// Partitioned hash join: radix partition, hash tables per co-partition.
     PartitionedHash,
     /// Sort-merge join: radix sort, merge of sorted runs.
     SortMerge,
+    /// Directory join: the build side sorted, with a directory of each key
+    /// code's run of rows; probe keys, neither partitioned nor sorted, find
+    /// their runs by their codes. For keys whose codes are dense.
+    Direct,
 }
 
 /// How one join runs: its algorithm and, per side, whether payloads are
@@ -29,6 +33,7 @@ impl Strategy {
         let algorithm = match self.algorithm {
             Algorithm::PartitionedHash => "PHJ",
             Algorithm::SortMerge => "SMJ",
+            Algorithm::Direct => "DIR",
         };
         let pattern = |space| match space {
             Space::Transformed => "OM",
@@ -47,6 +52,7 @@ impl fmt::Display for Algorithm {
         f.write_str(match self {
             Algorithm::PartitionedHash => "partitioned_hash",
             Algorithm::SortMerge => "sort_merge",
+            Algorithm::Direct => "direct",
         })
     }
 }

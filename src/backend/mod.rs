@@ -350,6 +350,9 @@ pub struct Transformed<B: JoinBackend, K: NormalizedKey> {
     /// A partitioned build side's hash tables, built once for the matches
     /// of every probe chunk.
     pub hash_tables: Option<B::HashTables>,
+    /// A sorted build side's directory ([`JoinBackend::directory`]), built
+    /// once for the matches of every probe chunk of a directory join.
+    pub directory: Option<B::Vector<u32>>,
 }
 
 /// Candidate pairs from match finding, in the requested spaces.
@@ -514,6 +517,24 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
         build: &Transformed<Self, K>,
         probe: &Transformed<Self, K>,
         spaces: (Space, Space),
+    ) -> Result<Candidates<Self>>;
+
+    /// The directory of a build side sorted by key whose matchable keys are
+    /// codes below `codes`: `codes + 1` entries, entry `c` the number of its
+    /// keys below `c`, so that the rows of code `c` are the sorted positions
+    /// `directory[c]..directory[c + 1]`.
+    fn directory<K: NormalizedKey>(&self, build: &Transformed<Self, K>, codes: u32) -> Result<Self::Vector<u32>>;
+
+    /// Every pair of equal keys of a build side with a directory and probe
+    /// keys as they are, neither partitioned nor sorted: probe positions
+    /// are the keys' own positions. Pairs come in probe order, and a probe
+    /// row's in sorted build order.
+    fn directory_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        directory: &Self::Vector<u32>,
+        probe: &Self::Vector<K>,
+        build_space: Space,
     ) -> Result<Candidates<Self>>;
 
     // ---- gather and compaction ----

@@ -188,6 +188,15 @@ impl KeyEncoder {
         }
     }
 
+    /// How many codes packed keys take (`2^bits`), where that is below
+    /// 2^31: the entries of a directory over them. `None` for hashed keys.
+    pub fn code_count(&self) -> Option<u32> {
+        match &self.scheme {
+            Scheme::Packed(layout) if layout.total_bits() < 32 => Some(1 << layout.total_bits()),
+            _ => None,
+        }
+    }
+
     /// The key bits a sort of these keys orders by: packed keys' values
     /// and one bit to set the unmatchable key apart, every bit of a hash.
     pub fn sort_spec<K: NormalizedKey>(&self) -> SortSpec {

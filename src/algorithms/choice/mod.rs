@@ -35,11 +35,30 @@ pub struct Choice {
     pub reason: String,
 }
 
+/// Key codes per build row up to which a directory join may run: its
+/// directory then takes at most 16 bytes per build row, about what a row of
+/// key and payload takes transformed.
+const DIRECTORY_CODES_PER_ROW: u64 = 4;
+
+/// The key codes of a directory over a build side of `build_rows` rows
+/// whose keys take `codes` codes ([`crate::keys::KeyEncoder::code_count`]),
+/// where they are dense enough for one; `None` otherwise.
+pub fn directory_codes(codes: Option<u32>, build_rows: usize) -> Option<u32> {
+    codes.filter(|&codes| u64::from(codes) <= DIRECTORY_CODES_PER_ROW * build_rows as u64)
+}
+
 /// The strategies the session's settings allow for a join. A join whose
 /// output leaves in key order is sort-merge whatever the settings say, and
 /// gathers its build side from the sorted relation: the order is that of
-/// sorted build positions.
-fn candidates(definition: &JoinDefinition) -> Vec<Strategy> {
+/// sorted build positions. Where the build side's keys are dense
+/// (`directory`) and the settings allow it, the directory join is the one
+/// algorithm left, its probe side in original rows (it is not
+/// transformed): it needs no probe-side transform, and on the operator
+/// benchmark's foreign-key join (2^27 dense build keys) it joined in 81
+/// and 86 ms where the partitioned hash join took 91 and 99
+/// (docs/benchmarks.md), a difference the whole-relation cost model does
+/// not see: it leaves out the probe chunks' transforms and reordering.
+fn candidates(definition: &JoinDefinition, directory: bool) -> Vec<Strategy> {
     let spaces: &[Space] = match definition.materialization {
         MaterializationChoice::Auto => &[Space::Transformed, Space::Original],
         MaterializationChoice::Transformed => &[Space::Transformed],
@@ -48,9 +67,11 @@ fn candidates(definition: &JoinDefinition) -> Vec<Strategy> {
     if definition.key_order.is_some() {
         return strategies(&[Algorithm::SortMerge], &[Space::Transformed], spaces);
     }
+    let direct = strategies(&[Algorithm::Direct], spaces, &[Space::Original]);
     let algorithms: &[Algorithm] = match definition.algorithm {
+        AlgorithmChoice::Auto | AlgorithmChoice::Direct if directory => return direct,
         AlgorithmChoice::Auto => &[Algorithm::PartitionedHash, Algorithm::SortMerge],
-        AlgorithmChoice::Hash => &[Algorithm::PartitionedHash],
+        AlgorithmChoice::Hash | AlgorithmChoice::Direct => &[Algorithm::PartitionedHash],
         AlgorithmChoice::SortMerge => &[Algorithm::SortMerge],
     };
     // Kept probe order matches in original probe rows anyway.
@@ -81,13 +102,16 @@ pub fn every_strategy() -> Vec<Strategy> {
 }
 
 /// The strategy when nothing is weighed: what the session set, the
-/// partitioned hash join (which the GFTR paper finds best nearly
-/// everywhere) and the backend's preferred materialization otherwise.
-pub fn fixed_rule(preference: Space, definition: &JoinDefinition) -> Strategy {
+/// directory join where the build side's keys are dense (`directory`) and
+/// the settings allow it, the partitioned hash join (which the GFTR paper
+/// finds best nearly everywhere) otherwise, and the backend's preferred
+/// materialization.
+pub fn fixed_rule(preference: Space, definition: &JoinDefinition, directory: bool) -> Strategy {
     let algorithm = match definition.algorithm {
         _ if definition.key_order.is_some() => Algorithm::SortMerge,
         AlgorithmChoice::SortMerge => Algorithm::SortMerge,
-        AlgorithmChoice::Auto | AlgorithmChoice::Hash => Algorithm::PartitionedHash,
+        AlgorithmChoice::Auto | AlgorithmChoice::Direct if directory => Algorithm::Direct,
+        AlgorithmChoice::Auto | AlgorithmChoice::Hash | AlgorithmChoice::Direct => Algorithm::PartitionedHash,
     };
     let space = match definition.materialization {
         MaterializationChoice::Transformed => Space::Transformed,
@@ -95,44 +119,61 @@ pub fn fixed_rule(preference: Space, definition: &JoinDefinition) -> Strategy {
         MaterializationChoice::Auto => preference,
     };
     let build_space = if definition.key_order.is_some() { Space::Transformed } else { space };
-    Strategy { algorithm, build_space, probe_space: space }
+    let probe_space = if algorithm == Algorithm::Direct { Space::Original } else { space };
+    Strategy { algorithm, build_space, probe_space }
+}
+
+/// Whether the settings let a directory join run, where the build side's
+/// keys turn out dense: then only they can tell the strategy.
+fn may_run_directory(definition: &JoinDefinition) -> bool {
+    definition.key_order.is_none() && matches!(definition.algorithm, AlgorithmChoice::Auto | AlgorithmChoice::Direct)
 }
 
 /// What EXPLAIN can say before the join runs: the strategy when the
-/// settings or fixed rules decide it, `None` when the cost model will.
+/// settings or fixed rules decide it, `None` when the build side's keys or
+/// the cost model will.
 pub fn planned(preference: Space, definition: &JoinDefinition, weighs: bool) -> Option<Strategy> {
-    match candidates(definition).as_slice() {
+    if may_run_directory(definition) {
+        return None;
+    }
+    match candidates(definition, false).as_slice() {
         [only] => Some(*only),
-        _ if !weighs => Some(fixed_rule(preference, definition)),
+        _ if !weighs => Some(fixed_rule(preference, definition, false)),
         _ => None,
     }
 }
 
 /// Chooses a join's strategy. `profile` is the device's cost profile
-/// (`None` for backends without one); `shape` is only observed when there
-/// is something to weigh.
+/// (`None` for backends without one); `directory` the key codes of a
+/// directory over the build side, where its keys are dense enough
+/// ([`directory_codes`]); `shape` is only observed when there is something
+/// to weigh.
 pub fn choose(
     profile: DeviceProfile,
     preference: Space,
     definition: &JoinDefinition,
+    directory: Option<u32>,
     shape: impl FnOnce() -> Result<JoinShape>,
 ) -> Result<Choice> {
-    let candidates = candidates(definition);
-    if let [only] = candidates.as_slice() {
-        return Ok(Choice { strategy: *only, reason: "set by the session".to_string() });
-    }
-    let profile = match profile {
-        Some(Ok(profile)) => profile,
-        Some(Err(e)) => {
-            return Ok(Choice { strategy: fixed_rule(preference, definition), reason: format!("fixed rule: {e}") });
+    let dense = directory.is_some();
+    let candidates = candidates(definition, dense);
+    let fixed = |reason: String| Choice { strategy: fixed_rule(preference, definition, dense), reason };
+    let mut choice = match profile {
+        _ if candidates.len() == 1 => Choice { strategy: candidates[0], reason: "set by the session".to_string() },
+        Some(Ok(profile)) => {
+            let shape = shape()?;
+            weigh(&profile, &shape, &candidates).unwrap_or_else(|| fixed("fixed rule: nothing to weigh".to_string()))
         }
-        None => return Ok(Choice { strategy: fixed_rule(preference, definition), reason: "fixed rule".to_string() }),
+        Some(Err(e)) => fixed(format!("fixed rule: {e}")),
+        None => fixed("fixed rule".to_string()),
     };
-    let shape = shape()?;
-    Ok(weigh(&profile, &shape, &candidates).unwrap_or_else(|| Choice {
-        strategy: fixed_rule(preference, definition),
-        reason: "fixed rule: nothing to weigh".to_string(),
-    }))
+    if let Some(codes) = directory.filter(|_| choice.strategy.algorithm == Algorithm::Direct) {
+        choice.reason = format!("{}; {codes} key codes", choice.reason);
+    }
+    if definition.algorithm == AlgorithmChoice::Direct && !dense {
+        choice.reason = format!("{}; the build side's keys are too sparse for a directory join", choice.reason);
+    }
+    Ok(choice)
 }
 
 /// Why DataFusion's operator, not the device, should join a build side of

@@ -36,6 +36,8 @@ pub struct CostProfile {
     pub merge_row_ns: f64,
     /// Per pair written by the load-balanced expansion.
     pub merge_pair_ns: f64,
+    /// Per probe row of a directory join's search.
+    pub directory_row_ns: f64,
     /// Per byte gathered from a transformed (clustered) column.
     pub clustered_byte_ns: f64,
     /// Per value gathered by row id from a column of 4 MiB, 64 MiB and
@@ -47,7 +49,7 @@ pub struct CostProfile {
 pub const RANDOM_SOURCE_BYTES: [f64; 3] = [4.0 * (1 << 20) as f64, 64.0 * (1 << 20) as f64, 256.0 * (1 << 20) as f64];
 
 impl CostProfile {
-    const NAMES: [&'static str; 12] = [
+    const NAMES: [&'static str; 13] = [
         "partition_row_ns",
         "partition_byte_ns",
         "sort_row_ns",
@@ -56,13 +58,14 @@ impl CostProfile {
         "hash_step_ns",
         "merge_row_ns",
         "merge_pair_ns",
+        "directory_row_ns",
         "clustered_byte_ns",
         "random_value_ns_4mib",
         "random_value_ns_64mib",
         "random_value_ns_256mib",
     ];
 
-    fn values(&self) -> [f64; 12] {
+    fn values(&self) -> [f64; 13] {
         let [r0, r1, r2] = self.random_value_ns;
         [
             self.partition_row_ns,
@@ -73,6 +76,7 @@ impl CostProfile {
             self.hash_step_ns,
             self.merge_row_ns,
             self.merge_pair_ns,
+            self.directory_row_ns,
             self.clustered_byte_ns,
             r0,
             r1,
@@ -80,7 +84,7 @@ impl CostProfile {
         ]
     }
 
-    fn from_values(v: [f64; 12]) -> Self {
+    fn from_values(v: [f64; 13]) -> Self {
         Self {
             partition_row_ns: v[0],
             partition_byte_ns: v[1],
@@ -90,8 +94,9 @@ impl CostProfile {
             hash_step_ns: v[5],
             merge_row_ns: v[6],
             merge_pair_ns: v[7],
-            clustered_byte_ns: v[8],
-            random_value_ns: [v[9], v[10], v[11]],
+            directory_row_ns: v[8],
+            clustered_byte_ns: v[9],
+            random_value_ns: [v[10], v[11], v[12]],
         }
     }
 
@@ -131,7 +136,7 @@ impl CostProfile {
             .filter_map(|line| line.split_once(' '))
             .filter_map(|(name, value)| Some((name, value.parse().ok()?)))
             .collect();
-        let mut values = [0.0; 12];
+        let mut values = [0.0; 13];
         for (slot, name) in values.iter_mut().zip(Self::NAMES) {
             *slot = *read.get(name).filter(|v| v.is_finite() && **v >= 0.0)?;
         }
@@ -292,7 +297,10 @@ pub fn measure<B: JoinBackend>(backend: &B, rows: usize) -> Result<CostProfile> 
     let hash_row_ns = per(time(backend, || hash_join(&build_p, &probe_p))?, 3.0 * n);
     let (build_s, probe_s) = (sorted(&build)?, sorted(&probe)?);
     let merge_row_ns = per(time(backend, || backend.merge_match(&build_s, &probe_s, spaces))?, 2.0 * n);
-    drop((build_p, probe_p, build_s, probe_s));
+    let directory = backend.directory(&build_s, 1 << value_bits)?;
+    let directory_row_ns =
+        per(time(backend, || backend.directory_match(&build_s, &directory, &probe, Space::Transformed))?, n);
+    drop((build_p, probe_p, build_s, probe_s, directory));
 
     // Long runs of equal build keys: `run` build rows per key, a probe row
     // per key and then some, so that every probe row walks a whole run.
@@ -344,6 +352,7 @@ pub fn measure<B: JoinBackend>(backend: &B, rows: usize) -> Result<CostProfile> 
         hash_step_ns,
         merge_row_ns,
         merge_pair_ns,
+        directory_row_ns,
         clustered_byte_ns,
         random_value_ns,
     };

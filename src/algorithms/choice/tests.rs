@@ -24,6 +24,7 @@ fn profile() -> CostProfile {
         hash_step_ns: 0.002,
         merge_row_ns: 0.005,
         merge_pair_ns: 0.002,
+        directory_row_ns: 0.004,
         clustered_byte_ns: 0.0008,
         random_value_ns: [0.01, 0.03, 0.06],
     }
@@ -101,7 +102,7 @@ fn the_reason_names_the_estimates_and_the_shape() {
 fn settings_that_leave_one_candidate_decide_without_observing() -> Result<()> {
     let fixed = definition(AlgorithmChoice::SortMerge, MaterializationChoice::Untransformed);
     let unobserved = || datafusion::common::internal_err!("the shape was observed");
-    let choice = choose(Some(Ok(profile())), Space::Transformed, &fixed, unobserved)?;
+    let choice = choose(Some(Ok(profile())), Space::Transformed, &fixed, Some(1 << 10), unobserved)?;
     assert_eq!(choice.strategy.label(), "SMJ-UM");
     assert_eq!(planned(Space::Transformed, &fixed, true), Some(choice.strategy));
     Ok(())
@@ -111,21 +112,69 @@ fn settings_that_leave_one_candidate_decide_without_observing() -> Result<()> {
 fn without_a_profile_auto_keeps_the_fixed_rule() -> Result<()> {
     let auto = definition(AlgorithmChoice::Auto, MaterializationChoice::Auto);
     let unobserved = || datafusion::common::internal_err!("the shape was observed");
-    let choice = choose(None, Space::Original, &auto, unobserved)?;
+    let choice = choose(None, Space::Original, &auto, None, unobserved)?;
     assert_eq!(choice.strategy.label(), "PHJ-UM");
-    let failed = choose(Some(Err("device full".into())), Space::Transformed, &auto, unobserved)?;
+    let failed = choose(Some(Err("device full".into())), Space::Transformed, &auto, None, unobserved)?;
     assert_eq!((failed.strategy.label().as_str(), failed.reason.as_str()), ("PHJ-OM", "fixed rule: device full"));
+    let dense = choose(None, Space::Transformed, &auto, Some(1 << 10), unobserved)?;
+    assert_eq!((dense.strategy.label().as_str(), dense.reason.as_str()), ("DIR-OM/UM", "fixed rule; 1024 key codes"));
+    // Whether a directory join runs is known once the build side's keys are.
     assert_eq!(planned(Space::Transformed, &auto, true), None);
-    assert_eq!(planned(Space::Transformed, &auto, false).map(|s| s.label()).as_deref(), Some("PHJ-OM"));
+    assert_eq!(planned(Space::Transformed, &auto, false), None);
+    let hash = definition(AlgorithmChoice::Hash, MaterializationChoice::Auto);
+    assert_eq!(planned(Space::Transformed, &hash, false).map(|s| s.label()).as_deref(), Some("PHJ-OM"));
     Ok(())
+}
+
+#[test]
+fn a_directory_join_needs_dense_keys() -> Result<()> {
+    assert_eq!(directory_codes(Some(1 << 20), 1 << 18), Some(1 << 20));
+    assert_eq!(directory_codes(Some(1 << 21), 1 << 18), None);
+    assert_eq!(directory_codes(None, 1 << 18), None);
+    let auto = definition(AlgorithmChoice::Auto, MaterializationChoice::Auto);
+    let labels = |dense| candidates(&auto, dense).iter().map(|s| s.label()).collect::<Vec<_>>();
+    // Dense keys leave the directory join alone, its build side either way.
+    assert_eq!(labels(true), ["DIR-OM/UM", "DIR-UM"]);
+    assert!(!labels(false).iter().any(|l| l.starts_with("DIR")));
+    let hash = definition(AlgorithmChoice::Hash, MaterializationChoice::Auto);
+    assert!(candidates(&hash, true).iter().all(|s| s.algorithm == Algorithm::PartitionedHash));
+    // Set by the session: a directory join where the keys are dense, the
+    // partitioned hash join, and why, where they are not.
+    let direct = definition(AlgorithmChoice::Direct, MaterializationChoice::Untransformed);
+    let unobserved = || datafusion::common::internal_err!("the shape was observed");
+    let dense = choose(Some(Ok(profile())), Space::Transformed, &direct, Some(1 << 10), unobserved)?;
+    assert_eq!(dense.strategy.label(), "DIR-UM");
+    let sparse = choose(Some(Ok(profile())), Space::Transformed, &direct, None, unobserved)?;
+    assert_eq!(sparse.strategy.label(), "PHJ-UM");
+    assert!(sparse.reason.ends_with("too sparse for a directory join"), "{}", sparse.reason);
+    Ok(())
+}
+
+/// A directory join transforms its build side only, and gathers that side
+/// anywhere in it: from where it lies in the sorted relation, or by row id
+/// after reading the row id.
+#[test]
+fn a_directory_join_leaves_its_probe_side_and_gathers_its_build_side_anywhere() {
+    let shape = shape(1 << 27, 1 << 28, 1, KeyEstimates::FOREIGN_KEY);
+    let strategy = |algorithm, build_space| Strategy { algorithm, build_space, probe_space: Space::Original };
+    let direct = estimate(&profile(), &shape, strategy(Algorithm::Direct, Space::Transformed));
+    let hash = estimate(&profile(), &shape, strategy(Algorithm::PartitionedHash, Space::Transformed));
+    assert!(direct.transform < hash.transform, "{direct:?} against {hash:?}");
+    let by_row_id = estimate(&profile(), &shape, strategy(Algorithm::Direct, Space::Original));
+    assert!(direct.materialize < by_row_id.materialize, "{direct:?} against {by_row_id:?}");
+    let candidates = [strategy(Algorithm::Direct, Space::Original), strategy(Algorithm::Direct, Space::Transformed)];
+    let choice = weigh(&profile(), &shape, &candidates);
+    assert_eq!(choice.map(|c| c.strategy.label()).as_deref(), Some("DIR-OM/UM"));
 }
 
 #[test]
 fn kept_probe_order_leaves_only_row_id_gathers_on_the_probe_side() {
     let mut ordered = definition(AlgorithmChoice::Auto, MaterializationChoice::Auto);
     ordered.probe_order_required = true;
-    assert!(candidates(&ordered).iter().all(|s| s.probe_space == Space::Original));
-    assert_eq!(candidates(&ordered).len(), 4);
+    for (dense, count) in [(false, 4), (true, 2)] {
+        assert!(candidates(&ordered, dense).iter().all(|s| s.probe_space == Space::Original));
+        assert_eq!(candidates(&ordered, dense).len(), count);
+    }
 }
 
 #[test]

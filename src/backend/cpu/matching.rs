@@ -1,5 +1,5 @@
-//! Match phase on the CPU: a chained hash table per co-partition, and a
-//! merge of sorted runs.
+//! Match phase on the CPU: a chained hash table per co-partition, a merge
+//! of sorted runs, and a sorted build side's directory of key codes.
 
 use datafusion::common::internal_err;
 use datafusion::error::Result;
@@ -150,6 +150,53 @@ pub(super) fn merge_match<K: NormalizedKey>(
     Ok(pairs)
 }
 
+pub(super) fn directory<K: NormalizedKey>(build: &Transformed<CpuBackend, K>, codes: u32) -> Result<Vec<u32>> {
+    let Layout::Sorted(_) = build.layout else {
+        return internal_err!("a directory needs a sorted build side");
+    };
+    // Each code's count one entry up, then summed: entry c counts the keys
+    // below c.
+    let mut directory = vec![0u32; codes as usize + 1];
+    for key in build.keys.iter().map(|k| k.to_u64()).filter(|&k| k < u64::from(codes)) {
+        directory[key as usize + 1] += 1;
+    }
+    for c in 1..directory.len() {
+        directory[c] += directory[c - 1];
+    }
+    Ok(directory)
+}
+
+pub(super) fn directory_match<K: NormalizedKey>(
+    build: &Transformed<CpuBackend, K>,
+    directory: &[u32],
+    probe: &[K],
+    build_space: Space,
+) -> Result<Candidates<CpuBackend>> {
+    let codes = directory.len().saturating_sub(1) as u64;
+    let mut pairs = Pairs { build: vec![], probe: vec![] };
+    for (j, key) in probe.iter().enumerate() {
+        let code = key.to_u64();
+        if code >= codes {
+            continue;
+        }
+        for b in directory[code as usize]..directory[code as usize + 1] {
+            pairs.build.push(b);
+            pairs.probe.push(j as u32);
+        }
+    }
+    Ok(Candidates { build: in_space(pairs.build, build.row_ids.as_ref(), build_space, "build")?, probe: pairs.probe })
+}
+
+/// Transformed positions of a side as asked for: as they are, or mapped to
+/// original rows by the side's row ids.
+fn in_space(positions: Vec<u32>, row_ids: Option<&Vec<u32>>, space: Space, side: &str) -> Result<Vec<u32>> {
+    match (space, row_ids) {
+        (Space::Transformed, _) => Ok(positions),
+        (Space::Original, Some(ids)) => Ok(positions.iter().map(|&p| ids[p as usize]).collect()),
+        (Space::Original, None) => internal_err!("{side} rows asked for without row ids"),
+    }
+}
+
 /// Maps transformed positions to original rows for sides asked for in
 /// [`Space::Original`].
 pub(super) fn into_spaces<K: NormalizedKey>(
@@ -158,15 +205,8 @@ pub(super) fn into_spaces<K: NormalizedKey>(
     probe: &Transformed<CpuBackend, K>,
     (build_space, probe_space): (Space, Space),
 ) -> Result<Candidates<CpuBackend>> {
-    fn map(positions: Vec<u32>, row_ids: Option<&Vec<u32>>, space: Space, side: &str) -> Result<Vec<u32>> {
-        match (space, row_ids) {
-            (Space::Transformed, _) => Ok(positions),
-            (Space::Original, Some(ids)) => Ok(positions.iter().map(|&p| ids[p as usize]).collect()),
-            (Space::Original, None) => internal_err!("{side} rows asked for without row ids"),
-        }
-    }
     Ok(Candidates {
-        build: map(pairs.build, build.row_ids.as_ref(), build_space, "build")?,
-        probe: map(pairs.probe, probe.row_ids.as_ref(), probe_space, "probe")?,
+        build: in_space(pairs.build, build.row_ids.as_ref(), build_space, "build")?,
+        probe: in_space(pairs.probe, probe.row_ids.as_ref(), probe_space, "probe")?,
     })
 }

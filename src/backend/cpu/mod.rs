@@ -187,6 +187,21 @@ impl JoinBackend for CpuBackend {
         matching::into_spaces(pairs, build, probe, spaces)
     }
 
+    fn directory<K: NormalizedKey>(&self, build: &Transformed<Self, K>, codes: u32) -> Result<Vec<u32>> {
+        self.counters.check_injected_failure((u64::from(codes) + 1) * 4, "a directory")?;
+        matching::directory(build, codes)
+    }
+
+    fn directory_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        directory: &Vec<u32>,
+        probe: &Vec<K>,
+        build_space: Space,
+    ) -> Result<Candidates<Self>> {
+        matching::directory_match(build, directory, probe, build_space)
+    }
+
     fn gather_positions(&self, values: &Vec<u32>, positions: &Vec<u32>) -> Result<Vec<u32>> {
         positions
             .iter()

@@ -83,5 +83,6 @@ fn permute<K: NormalizedKey>(
         offsets,
         layout,
         hash_tables: None,
+        directory: None,
     })
 }

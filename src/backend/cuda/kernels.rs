@@ -16,18 +16,19 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 /// Kernel sources, concatenated in this order into one translation unit.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 8] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     ("scan.cu", include_str!("../../../kernels/scan.cu")),
     ("radix.cu", include_str!("../../../kernels/radix.cu")),
     ("match.cu", include_str!("../../../kernels/match.cu")),
+    ("directory.cu", include_str!("../../../kernels/directory.cu")),
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
     ("compact.cu", include_str!("../../../kernels/compact.cu")),
     ("filter.cu", include_str!("../../../kernels/filter.cu")),
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 57] = [
+pub(crate) const KERNEL_NAMES: [&str; 61] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -62,6 +63,10 @@ pub(crate) const KERNEL_NAMES: [&str; 57] = [
     "merge_search_u32",
     "merge_search_u64",
     "merge_expand",
+    "directory_counts_u32",
+    "directory_counts_u64",
+    "directory_search_u32",
+    "directory_search_u64",
     "gather_1",
     "gather_2",
     "gather_4",

@@ -127,7 +127,11 @@ pub struct CudaHashTables {
 }
 
 impl CudaBackend {
-    fn row_ids_for<K: NormalizedKey>(relation: &Transformed<CudaBackend, K>, space: Space, side: &str) -> Result<u64> {
+    pub(super) fn row_ids_for<K: NormalizedKey>(
+        relation: &Transformed<CudaBackend, K>,
+        space: Space,
+        side: &str,
+    ) -> Result<u64> {
         match (space, &relation.row_ids) {
             (Space::Transformed, _) => Ok(0),
             (Space::Original, Some(ids)) => Ok(ids.pointer()),
@@ -334,7 +338,21 @@ impl CudaBackend {
         // One extra zero count becomes the total after the scan.
         let counts = DeviceBuffer::<u64>::filled(&self.instance, probe_rows as usize + 1, 0, "match counts")?;
         self.sorted_search(&search, Bound::Upper { lower: &lower, counts: &counts })?;
-        let total = check_candidates(self.exclusive_scan(&counts)?.read()?)?;
+        self.expand_runs(&counts, &lower, (build_ids, probe_ids))
+    }
+
+    /// The pairs of each probe row's run of build rows, given the runs'
+    /// starts (`lower`) and lengths (`counts`, one more than the probe rows,
+    /// scanned here), by a load-balancing search over the pairs; positions
+    /// mapped by the row ids given (0: as they are).
+    pub(super) fn expand_runs(
+        &self,
+        counts: &DeviceBuffer<u64>,
+        lower: &DeviceBuffer<u32>,
+        (build_ids, probe_ids): (u64, u64),
+    ) -> Result<Candidates<CudaBackend>> {
+        let probe_rows = lower.len() as u32;
+        let total = check_candidates(self.exclusive_scan(counts)?.read()?)?;
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
         let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [
@@ -373,7 +391,7 @@ impl CudaBackend {
         self.launch_blocks(&self.kernel_name::<K>("merge_search"), tiles, 0, items, &args)
     }
 
-    fn empty_candidates(&self) -> Result<Candidates<CudaBackend>> {
+    pub(super) fn empty_candidates(&self) -> Result<Candidates<CudaBackend>> {
         Ok(Candidates {
             build: DeviceBuffer::alloc(&self.instance, 0, "matched build positions")?,
             probe: DeviceBuffer::alloc(&self.instance, 0, "matched probe positions")?,

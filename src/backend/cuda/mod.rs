@@ -5,6 +5,7 @@
 mod column;
 mod compaction;
 mod device;
+mod directory;
 mod filter;
 mod kernels;
 mod matching;
@@ -268,6 +269,20 @@ impl JoinBackend for CudaBackend {
         spaces: (Space, Space),
     ) -> Result<Candidates<Self>> {
         self.merge_match_keys(build, probe, spaces)
+    }
+
+    fn directory<K: NormalizedKey>(&self, build: &Transformed<Self, K>, codes: u32) -> Result<DeviceBuffer<u32>> {
+        self.directory_of(build, codes)
+    }
+
+    fn directory_match<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        directory: &DeviceBuffer<u32>,
+        probe: &DeviceBuffer<K>,
+        build_space: Space,
+    ) -> Result<Candidates<Self>> {
+        self.directory_match_keys(build, directory, probe, build_space)
     }
 
     fn gather_positions(&self, values: &DeviceBuffer<u32>, positions: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {

@@ -256,6 +256,7 @@ impl CudaBackend {
             layout,
             rows: keys.len(),
             hash_tables: None,
+            directory: None,
         })
     }
 }
