@@ -3,7 +3,8 @@
 //! Under `gpu_join.algorithm = auto` (and `materialization = auto`) a join
 //! on a device with a cost profile runs the strategy the cost model
 //! ([`cost`]) expects to be fastest for its shape ([`shape`]): partitioned
-//! hash or sort-merge, and per side gathering from the transformed relation
+//! hash or sort-merge, or the directory join where the build side's key
+//! codes are dense, and per side gathering from the transformed relation
 //! (GFTR) or by row id (GFUR). The shape needs the build side's keys (runs
 //! of equal keys cannot be read off statistics), so the choice is made when
 //! the build side has been collected; EXPLAIN ANALYZE shows it and why.
