@@ -33,7 +33,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use datafusion_gpu_join::algorithms::choice::device_profile;
 use datafusion_gpu_join::backend::cuda::{CudaBackend, CudaColumn};
 use datafusion_gpu_join::backend::{
-    BackendHandle, DeviceCounters, JoinBackend, PartitionSpec, SortSpec, Space, Transformed, cuda_backend,
+    BackendHandle, DeviceCounters, JoinBackend, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Space, Transformed,
+    cuda_backend,
 };
 use datafusion_gpu_join::config::GpuJoinConfig;
 use datafusion_gpu_join::keys::NormalizedKey;
@@ -229,7 +230,10 @@ fn run<K: NormalizedKey>(
     let build_t = transform(build, spaces.0);
     let (probe_t, directory) = match method {
         // Every code of the sort's key bits but the bit for unmatchable keys.
-        Method::Direct => (None, Some(gpu.directory(&build_t, 1 << (build.sort.key_bits - 1)).expect("directory"))),
+        Method::Direct => {
+            let codes = 1u32.checked_shl(build.sort.key_bits - 1).expect("a directory of at most 2^31 codes");
+            (None, Some(gpu.directory(&build_t, codes).expect("directory")))
+        }
         _ => (Some(transform(probe, spaces.1)), None),
     };
     gpu.finish().expect("transform");
@@ -344,7 +348,11 @@ fn kernels(c: &mut Criterion) {
             return;
         }
     };
-    let gpu = CudaBackend::open(&device, Arc::new(DeviceCounters::default())).expect("a CUDA backend");
+    // Whole relations: a foreign-key join of 2^28 probe rows makes 2^28
+    // pairs in one match call, where the operator's chunks make 2^24.
+    let gpu = CudaBackend::open(&device, Arc::new(DeviceCounters::default()))
+        .expect("a CUDA backend")
+        .with_candidate_limit(MAX_RELATION_ROWS);
     let scale = std::env::var("GPU_JOIN_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
     if std::env::var_os("GPU_JOIN_BENCH_SWEEP").is_some() {
         let started = Instant::now();

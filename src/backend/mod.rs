@@ -205,10 +205,15 @@ pub const MAX_CANDIDATES: usize = 1 << 24;
 /// A resource error when `total` candidate pairs are more than one match
 /// call may produce.
 pub fn check_candidates(total: u64) -> Result<usize> {
+    check_candidates_within(total, MAX_CANDIDATES)
+}
+
+/// A resource error when `total` candidate pairs are more than `limit`.
+pub(crate) fn check_candidates_within(total: u64, limit: usize) -> Result<usize> {
     match usize::try_from(total) {
-        Ok(total) if total <= MAX_CANDIDATES => Ok(total),
+        Ok(total) if total <= limit => Ok(total),
         _ => Err(datafusion::common::resources_datafusion_err!(
-            "GPU join: a probe chunk has {total} matching pairs, more than the {MAX_CANDIDATES} joined at once"
+            "GPU join: a probe chunk has {total} matching pairs, more than the {limit} joined at once"
         )),
     }
 }

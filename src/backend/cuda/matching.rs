@@ -24,7 +24,7 @@ use datafusion::error::{DataFusionError, Result};
 
 use super::memory::DeviceBuffer;
 use super::{Arg, CudaBackend};
-use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_candidates, check_sorted_alike};
+use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
 /// Probe rows one work unit streams through its table at most (a slice of a
@@ -271,7 +271,7 @@ impl CudaBackend {
         let [total, misplaced] = summary.download("the match's summary")?[..] else {
             return internal_err!("hash_match: the match's summary lost its length");
         };
-        let total = check_candidates(total)?;
+        let total = self.check_candidates(total)?;
         if misplaced == 0 {
             // Every match is where the scan puts it: positions 0..total.
             direct_build.truncate(total);
@@ -352,7 +352,7 @@ impl CudaBackend {
         (build_ids, probe_ids): (u64, u64),
     ) -> Result<Candidates<CudaBackend>> {
         let probe_rows = lower.len() as u32;
-        let total = check_candidates(self.exclusive_scan(counts)?.read()?)?;
+        let total = self.check_candidates(self.exclusive_scan(counts)?.read()?)?;
         let out_build = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched build positions")?;
         let out_probe = DeviceBuffer::<u32>::alloc(&self.instance, total, "matched probe positions")?;
         let args = [

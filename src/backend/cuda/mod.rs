@@ -30,8 +30,8 @@ pub use matching::CudaHashTables;
 pub use memory::DeviceBuffer;
 
 use super::{
-    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, PartitionSpec, SortSpec,
-    Space, TransferMemory, Transformed,
+    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, MAX_CANDIDATES,
+    PartitionSpec, SortSpec, Space, TransferMemory, Transformed, check_candidates_within,
 };
 use crate::config::GpuJoinConfig;
 use crate::keys::{NormalizedKey, RawCodes};
@@ -88,9 +88,26 @@ impl From<u64> for Arg {
 #[derive(Debug, Clone)]
 pub struct CudaBackend {
     instance: Instance,
+    /// The most candidate pairs one match call produces.
+    candidate_limit: usize,
 }
 
 impl CudaBackend {
+    /// This instance with match calls of up to `limit` pairs, for joins of
+    /// whole relations in device memory (the kernel benchmark's). The
+    /// operator sizes its probe chunks by [`crate::backend::MAX_CANDIDATES`],
+    /// the limit an instance opens with, which bounds the memory one
+    /// chunk's pairs take.
+    pub fn with_candidate_limit(self, limit: usize) -> Self {
+        Self { candidate_limit: limit, ..self }
+    }
+
+    /// A resource error when `total` candidate pairs are more than one
+    /// match call of this instance may produce.
+    fn check_candidates(&self, total: u64) -> Result<usize> {
+        check_candidates_within(total, self.candidate_limit)
+    }
+
     /// Launches `kernel` over `threads` threads.
     fn launch(&self, kernel: &str, threads: u64, shared: u32, args: &[Arg]) -> Result<()> {
         self.launch_blocks(kernel, threads.div_ceil(u64::from(BLOCK)), shared, threads, args)
@@ -137,7 +154,8 @@ impl JoinBackend for CudaBackend {
     const PREFERRED_GATHER_SPACE: Space = Space::Transformed;
 
     fn open(device: &Arc<CudaDevice>, counters: Arc<DeviceCounters>) -> Result<Self> {
-        Ok(Self { instance: Instance::new(Arc::clone(device), Arc::new(device.stream()?), counters) })
+        let instance = Instance::new(Arc::clone(device), Arc::new(device.stream()?), counters);
+        Ok(Self { instance, candidate_limit: MAX_CANDIDATES })
     }
 
     fn detached(&self) -> Result<Self> {
