@@ -188,8 +188,9 @@ impl KeyEncoder {
         }
     }
 
-    /// How many codes packed keys take (`2^bits`), where that is below
-    /// 2^31: the entries of a directory over them. `None` for hashed keys.
+    /// How many codes packed keys take (`2^bits`), where that is at most
+    /// 2^31: the entries of a directory over them. `None` for hashed keys
+    /// and wider packed keys.
     pub fn code_count(&self) -> Option<u32> {
         match &self.scheme {
             Scheme::Packed(layout) if layout.total_bits() < 32 => Some(1 << layout.total_bits()),

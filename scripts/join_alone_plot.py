@@ -1,0 +1,32 @@
+"""The bar chart shared by the per-process plots of the GPU join alone
+(plot_pinned_tables.py, plot_directory_join.py): one panel per workload,
+one bar per process, beside the PCIe floor and 1.5 times it (the target).
+"""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def plot(rows, label, colour, hatch, title, target):
+    """Draws `rows` (the CSV's dicts) with each bar's label, colour and
+    hatch given by the functions of a row, and saves the figure."""
+    workloads = ["narrow", "wide"]
+    figure, axes = plt.subplots(1, len(workloads), figsize=(15, 5.5), sharey=True)
+    for axis, workload in zip(axes, workloads):
+        mine = [r for r in rows if r["workload"] == workload]
+        values = [float(r["join_alone_ms"]) for r in mine]
+        bars = axis.bar(
+            range(len(mine)), values, color=[colour(r) for r in mine], hatch=[hatch(r) for r in mine]
+        )
+        axis.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=8, padding=2)
+        floor = float(mine[0]["pcie_floor_ms"])
+        axis.axhline(1.5 * floor, color="tab:red", linestyle="--", label=f"1.5 x PCIe floor ({1.5 * floor:.0f} ms)")
+        axis.axhline(floor, color="black", linestyle=":", label=f"PCIe floor ({floor:.0f} ms)")
+        axis.set_xticks(range(len(mine)), [label(r) for r in mine], fontsize=7)
+        axis.set_title(f"{workload}: GPU join alone, ms (per process)")
+        axis.legend(fontsize=8, loc="upper left")
+    axes[0].set_ylabel("ms")
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(target, dpi=110)
