@@ -68,9 +68,10 @@ fn candidates(definition: &JoinDefinition, directory: bool) -> Vec<Strategy> {
     if definition.key_order.is_some() {
         return strategies(&[Algorithm::SortMerge], &[Space::Transformed], spaces);
     }
-    let direct = strategies(&[Algorithm::Direct], spaces, &[Space::Original]);
+    if directory && allows_directory(definition) {
+        return strategies(&[Algorithm::Direct], spaces, &[Space::Original]);
+    }
     let algorithms: &[Algorithm] = match definition.algorithm {
-        AlgorithmChoice::Auto | AlgorithmChoice::Direct if directory => return direct,
         AlgorithmChoice::Auto => &[Algorithm::PartitionedHash, Algorithm::SortMerge],
         AlgorithmChoice::Hash | AlgorithmChoice::Direct => &[Algorithm::PartitionedHash],
         AlgorithmChoice::SortMerge => &[Algorithm::SortMerge],
@@ -110,8 +111,8 @@ pub fn every_strategy() -> Vec<Strategy> {
 pub fn fixed_rule(preference: Space, definition: &JoinDefinition, directory: bool) -> Strategy {
     let algorithm = match definition.algorithm {
         _ if definition.key_order.is_some() => Algorithm::SortMerge,
+        _ if directory && allows_directory(definition) => Algorithm::Direct,
         AlgorithmChoice::SortMerge => Algorithm::SortMerge,
-        AlgorithmChoice::Auto | AlgorithmChoice::Direct if directory => Algorithm::Direct,
         AlgorithmChoice::Auto | AlgorithmChoice::Hash | AlgorithmChoice::Direct => Algorithm::PartitionedHash,
     };
     let space = match definition.materialization {
@@ -126,7 +127,7 @@ pub fn fixed_rule(preference: Space, definition: &JoinDefinition, directory: boo
 
 /// Whether the settings let a directory join run, where the build side's
 /// keys turn out dense: then only they can tell the strategy.
-fn may_run_directory(definition: &JoinDefinition) -> bool {
+fn allows_directory(definition: &JoinDefinition) -> bool {
     definition.key_order.is_none() && matches!(definition.algorithm, AlgorithmChoice::Auto | AlgorithmChoice::Direct)
 }
 
@@ -134,7 +135,7 @@ fn may_run_directory(definition: &JoinDefinition) -> bool {
 /// settings or fixed rules decide it, `None` when the build side's keys or
 /// the cost model will.
 pub fn planned(preference: Space, definition: &JoinDefinition, weighs: bool) -> Option<Strategy> {
-    if may_run_directory(definition) {
+    if allows_directory(definition) {
         return None;
     }
     match candidates(definition, false).as_slice() {
@@ -159,19 +160,19 @@ pub fn choose(
     let dense = directory.is_some();
     let candidates = candidates(definition, dense);
     let fixed = |reason: String| Choice { strategy: fixed_rule(preference, definition, dense), reason };
-    let mut choice = match profile {
-        _ if candidates.len() == 1 => Choice { strategy: candidates[0], reason: "set by the session".to_string() },
-        Some(Ok(profile)) => {
+    let mut choice = match (candidates.as_slice(), profile) {
+        ([only], _) => Choice { strategy: *only, reason: "set by the session".to_string() },
+        (_, Some(Ok(profile))) => {
             let shape = shape()?;
             weigh(&profile, &shape, &candidates).unwrap_or_else(|| fixed("fixed rule: nothing to weigh".to_string()))
         }
-        Some(Err(e)) => fixed(format!("fixed rule: {e}")),
-        None => fixed("fixed rule".to_string()),
+        (_, Some(Err(e))) => fixed(format!("fixed rule: {e}")),
+        (_, None) => fixed("fixed rule".to_string()),
     };
     if let Some(codes) = directory.filter(|_| choice.strategy.algorithm == Algorithm::Direct) {
         choice.reason = format!("{}; {codes} key codes", choice.reason);
     }
-    if definition.algorithm == AlgorithmChoice::Direct && !dense {
+    if definition.algorithm == AlgorithmChoice::Direct && allows_directory(definition) && !dense {
         choice.reason = format!("{}; the build side's keys are too sparse for a directory join", choice.reason);
     }
     Ok(choice)
