@@ -132,26 +132,42 @@ pub(crate) fn value_bytes(array: &dyn Array, width: usize) -> Option<Buffer> {
     (start + len <= buffer.len()).then(|| buffer.slice_with_length(start, len))
 }
 
-/// Runs of `pieces` that lie end to end in memory, each piece starting
-/// where the one before ends (empty pieces join any run): per run, its
-/// pieces' indices, the address of its first byte and its bytes.
-pub(crate) fn runs_in_memory(pieces: &[Buffer]) -> Vec<(Range<usize>, usize, usize)> {
+/// Runs of `pieces` that lie end to end in memory within one block, each
+/// piece starting where the one before ends (empty pieces join any run):
+/// per run, its pieces' indices, the address of its first byte and its
+/// bytes. `block_of(address)` gives the block that holds an address (its
+/// first byte's address and its bytes); `None` where a piece lies in no
+/// block. Separately allocated blocks can lie end to end in memory; a run
+/// still stops at its block's end, as one transfer may read one allocation
+/// only.
+pub(crate) fn runs_in_blocks(
+    pieces: &[Buffer],
+    block_of: impl Fn(usize) -> Option<(usize, usize)>,
+) -> Option<Vec<(Range<usize>, usize, usize)>> {
     let mut runs: Vec<(Range<usize>, usize, usize)> = vec![];
+    let mut block_end = 0;
     for (i, piece) in pieces.iter().enumerate() {
         let start = piece.as_ptr() as usize;
         match runs.last_mut() {
-            Some((indices, first, bytes)) if piece.is_empty() || *first + *bytes == start => {
+            Some((indices, first, bytes))
+                if piece.is_empty() || (*first + *bytes == start && start + piece.len() <= block_end) =>
+            {
                 indices.end = i + 1;
                 *bytes += piece.len();
             }
-            // A run of empty pieces so far: it starts where this one does.
-            Some((indices, first, bytes)) if *bytes == 0 => {
-                (indices.end, *first, *bytes) = (i + 1, start, piece.len());
+            // Empty pieces before the first run have no bytes to move.
+            _ if piece.is_empty() => {}
+            _ => {
+                let (block, size) = block_of(start)?;
+                if start < block || start + piece.len() > block + size {
+                    return None;
+                }
+                block_end = block + size;
+                runs.push((i..i + 1, start, piece.len()));
             }
-            _ => runs.push((i..i + 1, start, piece.len())),
         }
     }
-    runs
+    Some(runs)
 }
 
 /// The validity of `arrays` laid end to end (`rows` in all); `None` where
@@ -452,7 +468,7 @@ mod tests {
     }
 
     #[test]
-    fn pieces_that_follow_each_other_in_memory_make_one_run() {
+    fn pieces_that_follow_each_other_within_a_block_make_one_run() {
         let values: ArrayRef = Arc::new(arrow::array::Int32Array::from_iter_values(0..100));
         let other: ArrayRef = Arc::new(arrow::array::Int32Array::from_iter_values(0..10));
         let bytes = |array: &ArrayRef, offset, len| value_bytes(array.slice(offset, len).as_ref(), 4).unwrap();
@@ -468,12 +484,28 @@ mod tests {
         ];
         let base = values.to_data().buffers()[0].as_ptr() as usize;
         let other_base = other.to_data().buffers()[0].as_ptr() as usize;
+        let whole = |address: usize| {
+            [(base, 400), (other_base, 40)].into_iter().find(|&(start, len)| (start..start + len).contains(&address))
+        };
         assert_eq!(
-            runs_in_memory(&pieces),
-            vec![(0..5, base, 140), (5..6, other_base, 40), (6..8, base + 200, 200)],
-            "an empty piece anywhere joins the run it is in"
+            runs_in_blocks(&pieces, whole),
+            Some(vec![(1..5, base, 140), (5..6, other_base, 40), (6..8, base + 200, 200)]),
+            "an empty piece within a run joins it; those before the first run are left out"
         );
-        assert_eq!(runs_in_memory(&pieces[..1]), vec![(0..1, base, 0)]);
+        // The values' memory as two blocks that lie end to end, split at
+        // row 60: the last run stops at the first block's end.
+        let halves = |address: usize| match address.checked_sub(base) {
+            Some(offset) if offset < 240 => Some((base, 240)),
+            Some(offset) if offset < 400 => Some((base + 240, 160)),
+            _ => whole(address),
+        };
+        assert_eq!(
+            runs_in_blocks(&pieces, halves),
+            Some(vec![(1..5, base, 140), (5..6, other_base, 40), (6..7, base + 200, 40), (7..8, base + 240, 160)])
+        );
+        assert_eq!(runs_in_blocks(&pieces[..1], |_| None), Some(vec![]), "no bytes, no block asked for");
+        assert_eq!(runs_in_blocks(&pieces, |address| whole(address).filter(|&(start, _)| start == base)), None);
+        assert_eq!(runs_in_blocks(&pieces[1..2], |_| Some((base + 4, 400))), None, "a piece starting before its block");
         assert!(value_bytes(values.as_ref(), 8).is_none(), "100 values of 4 bytes are not 800 bytes");
     }
 

@@ -108,7 +108,7 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
-    use crate::arrays::{runs_in_memory, value_bytes};
+    use crate::arrays::{runs_in_blocks, value_bytes};
 
     /// Host memory standing in for a backend's pinned blocks.
     struct HostBlock(MutableBuffer);
@@ -150,7 +150,9 @@ mod tests {
         assert_eq!(pinned, partitions);
         assert_eq!(blocks.into_inner().ok(), Some(vec![47 * 8]), "one block, for the Int64 column");
         let pieces: Vec<Buffer> = pinned[0].iter().filter_map(|b| value_bytes(b.column(0).as_ref(), 8)).collect();
-        assert_eq!(runs_in_memory(&pieces).len(), 1);
+        let block = pieces[0].as_ptr() as usize;
+        let runs = runs_in_blocks(&pieces, |_| Some((block, 47 * 8))).map(|runs| runs.len());
+        assert_eq!(runs, Some(1), "the batches' values end to end in their block");
         for (pinned, original) in pinned[0].iter().zip(&partitions[0]) {
             assert!(Arc::ptr_eq(pinned.column(1), original.column(1)), "other columns stay as they are");
         }

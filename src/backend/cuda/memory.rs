@@ -23,7 +23,6 @@ use rayon::prelude::*;
 
 use super::device::{CudaDevice, PooledStream, cuda_error};
 use super::uncached::fill_uncached;
-use crate::arrays::runs_in_memory;
 use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
 /// Transfers up to this size skip the staging buffers.
@@ -346,26 +345,16 @@ impl DeviceBuffer<u8> {
     }
 
     /// The bytes of `pieces` end to end, moved from where they lie, where
-    /// each run of them that lies end to end in memory is in one pinned
-    /// block (a table kept in pinned memory); `None`, with nothing moved,
-    /// where one is not. A run goes in one transfer, enqueued and not waited
-    /// for, its pieces held as [`DeviceBuffer::upload_buffer`] holds its
-    /// source.
+    /// each lies in a pinned block (a table kept in pinned memory); `None`,
+    /// with nothing moved, where one does not. Each run of them that lies
+    /// end to end within one block goes in one transfer, enqueued and not
+    /// waited for, its pieces held as [`DeviceBuffer::upload_buffer`] holds
+    /// its source.
     pub(crate) fn upload_in_place(instance: &Instance, pieces: &[Buffer], what: &str) -> Result<Option<Self>> {
-        let pinned = &instance.device.pinned;
-        let mut runs = vec![];
-        for (indices, _, bytes) in runs_in_memory(pieces) {
-            if bytes == 0 {
-                continue;
-            }
-            match pinned.joined(&pieces[indices]) {
-                Some(run) => runs.push(run),
-                None => return Ok(None),
-            }
-        }
-        if runs.is_empty() {
-            return Ok(None);
-        }
+        let runs = match instance.device.pinned.runs(pieces) {
+            Some(runs) if !runs.is_empty() => runs,
+            _ => return Ok(None),
+        };
         let len = runs.iter().map(Buffer::len).sum();
         let buffer = Self::alloc(instance, len, what)?;
         bind(instance, what)?;

@@ -22,7 +22,7 @@ use cudarc::driver::{CudaContext, result};
 use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
-use crate::arrays::runs_in_memory;
+use crate::arrays::runs_in_blocks;
 use crate::backend::TransferMemory;
 
 use super::device::cuda_error;
@@ -169,20 +169,32 @@ impl PinnedPool {
         })
     }
 
-    /// `pieces` as one buffer, where they lie end to end in one block (the
-    /// consecutive batches of a table kept in pinned memory).
-    pub fn joined(&self, pieces: &[Buffer]) -> Option<Buffer> {
-        let [(_, start, len)] = runs_in_memory(pieces)[..] else {
-            return None;
+    /// `pieces` end to end, as one buffer per run of them that lies end to
+    /// end in one block (the consecutive batches of a table kept in pinned
+    /// memory); `None` where a piece lies in no block.
+    pub fn runs(&self, pieces: &[Buffer]) -> Option<Vec<Buffer>> {
+        let runs = {
+            let state = self.state.lock().ok()?;
+            runs_in_blocks(pieces, |address| state.blocks.range(..=address).next_back().map(|(&b, &s)| (b, s)))?
         };
-        if len == 0 || !self.holds_range(start, len) {
-            return None;
+        runs.into_iter()
+            .map(|(indices, start, len)| {
+                let owner: Arc<dyn Allocation> = Arc::new(pieces[indices].to_vec());
+                // SAFETY: the range is the run's pieces' bytes end to end,
+                // inside one block (checked above), which the pieces, owned
+                // by `owner`, keep alive and unchanged as long as the new
+                // buffer lives.
+                Some(unsafe { Buffer::from_custom_allocation(NonNull::new(start as *mut u8)?, len, owner) })
+            })
+            .collect()
+    }
+
+    /// `pieces` as one buffer, where they lie end to end in one block.
+    pub fn joined(&self, pieces: &[Buffer]) -> Option<Buffer> {
+        match self.runs(pieces)?.as_slice() {
+            [run] => Some(run.clone()),
+            _ => None,
         }
-        let owner: Arc<dyn Allocation> = Arc::new(pieces.to_vec());
-        // SAFETY: the range is the pieces' bytes end to end, inside one
-        // block (checked above), which the pieces, owned by `owner`, keep
-        // alive and unchanged as long as the new buffer lives.
-        Some(unsafe { Buffer::from_custom_allocation(NonNull::new(start as *mut u8)?, len, owner) })
     }
 
     fn give_back(&self, block: Block) {
