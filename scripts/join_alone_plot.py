@@ -1,6 +1,7 @@
 """The bar chart shared by the per-process plots of the GPU join alone
-(plot_pinned_tables.py, plot_directory_join.py): one panel per workload,
-one bar per process, beside the PCIe floor and 1.5 times it (the target).
+(plot_pinned_tables.py, plot_directory_join.py, plot_pinned_in_place.py):
+one panel per workload, one bar per process, beside the PCIe floor and
+1.5 times it (the target).
 """
 import matplotlib
 
@@ -11,8 +12,9 @@ import matplotlib.pyplot as plt
 def plot(rows, label, colour, hatch, title, target):
     """Draws `rows` (the CSV's dicts) with each bar's label, colour and
     hatch given by the functions of a row, and saves the figure."""
-    workloads = ["narrow", "wide"]
-    figure, axes = plt.subplots(1, len(workloads), figsize=(15, 5.5), sharey=True)
+    workloads = [w for w in ("narrow", "wide") if any(r["workload"] == w for r in rows)]
+    figure, axes = plt.subplots(1, len(workloads), figsize=(15, 5.5), sharey=True, squeeze=False)
+    axes = axes[0]
     for axis, workload in zip(axes, workloads):
         mine = [r for r in rows if r["workload"] == workload]
         values = [float(r["join_alone_ms"]) for r in mine]
