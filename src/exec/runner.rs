@@ -156,7 +156,7 @@ impl<B: JoinBackend> Runner<B> {
     /// the same worker; so the last holder drops it on the blocking pool.
     pub fn release(runner: Arc<Self>) {
         if let Some(runner) = Arc::into_inner(runner) {
-            drop(tokio::task::spawn_blocking(move || drop(runner)));
+            drop_off_the_workers(runner);
         }
     }
 
@@ -177,6 +177,14 @@ impl<B: JoinBackend> Runner<B> {
         }
         last
     }
+}
+
+/// Drops `value` on tokio's blocking pool, where what it frees (thousands
+/// of batches, device buffers) holds up no task: on a worker it held up
+/// the consumer of the stream that had just ended, which tokio runs next on
+/// the same worker.
+pub(crate) fn drop_off_the_workers<T: Send + 'static>(value: T) {
+    drop(tokio::task::spawn_blocking(move || drop(value)));
 }
 
 impl<B: JoinBackend> JoinRunner for Runner<B> {
