@@ -1,6 +1,7 @@
 """Plots the GPU join alone per process on the H200 machines, before and
 after a pinned build side's columns went up where they lie whatever
-their blocks' addresses (`c60d04b`), beside 1.5 times the PCIe floor.
+their blocks' addresses (`c60d04b`) and the build side was let go of off
+the workers (`9a7209d`), beside 1.5 times the PCIe floor.
 
     python3 scripts/plot_pinned_in_place.py docs/data/operator-pinned-in-place-h200-2026-11-28.csv \
         docs/operator-pinned-in-place-h200.png
@@ -15,17 +16,20 @@ import sys
 from join_alone_plot import plot
 
 
+COLOURS = {"c60d04b": "tab:blue", "9a7209d": "tab:green"}
+
+
 def label(row):
-    return f"{row['call']}.{row['process']}\n" + ("after" if row["code"] == "c60d04b" else "before")
+    return f"{row['call']}.{row['process']}"
 
 
 def main(source, target):
     plot(
         list(csv.DictReader(open(source))),
         label,
-        lambda row: "tab:blue" if row["code"] == "c60d04b" else "tab:gray",
+        lambda row: COLOURS.get(row["code"], "tab:gray"),
         lambda row: "" if row["tables"] == "pinned" else "//",
-        "call.process; c60d04b (blue, after) and the code before it (grey); hatched: tables as made, H200, 2026-11-28",
+        "call.process and code: 2662b90 (grey), c60d04b (blue), 9a7209d (green); hatched: tables as made, H200, 2026-11-28",
         target,
     )
 
