@@ -6,6 +6,7 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::CpuBackend;
+use super::transform::bucket_offsets;
 use crate::backend::{Candidates, Layout, Space, Transformed, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
@@ -154,16 +155,9 @@ pub(super) fn directory<K: NormalizedKey>(build: &Transformed<CpuBackend, K>, co
     let Layout::Sorted(_) = build.layout else {
         return internal_err!("a directory needs a sorted build side");
     };
-    // Each code's count one entry up, then summed: entry c counts the keys
-    // below c.
-    let mut directory = vec![0u32; codes as usize + 1];
-    for key in build.keys.iter().map(|k| k.to_u64()).filter(|&k| k < u64::from(codes)) {
-        directory[key as usize + 1] += 1;
-    }
-    for c in 1..directory.len() {
-        directory[c] += directory[c - 1];
-    }
-    Ok(directory)
+    // The unmatchable key and codes past the directory are left out.
+    let codes_in = build.keys.iter().map(|k| k.to_u64()).filter(|&k| k < u64::from(codes)).map(|k| k as usize);
+    Ok(bucket_offsets(codes as usize, codes_in))
 }
 
 pub(super) fn directory_match<K: NormalizedKey>(

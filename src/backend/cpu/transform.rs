@@ -19,6 +19,19 @@ fn check_rows(rows: usize, primitive: &str) -> Result<()> {
     Ok(())
 }
 
+/// `buckets + 1` offsets of the ids in `ids` (each below `buckets`): entry
+/// `b` the number of ids below `b`. A histogram, scanned.
+pub(super) fn bucket_offsets(buckets: usize, ids: impl Iterator<Item = usize>) -> Vec<u32> {
+    let mut offsets = vec![0u32; buckets + 1];
+    for id in ids {
+        offsets[id + 1] += 1;
+    }
+    for b in 1..offsets.len() {
+        offsets[b] += offsets[b - 1];
+    }
+    offsets
+}
+
 /// Stable partition: a histogram of partition ids, an exclusive scan for the
 /// partition offsets, then a scatter in input order.
 pub(super) fn partition<K: NormalizedKey>(
@@ -29,13 +42,7 @@ pub(super) fn partition<K: NormalizedKey>(
 ) -> Result<Transformed<CpuBackend, K>> {
     check_rows(keys.len(), "radix partition")?;
     let partition_ids: Vec<u32> = keys.iter().map(|k| spec.partition_of(*k) as u32).collect();
-    let mut offsets = vec![0u32; spec.partitions() + 2];
-    for &p in &partition_ids {
-        offsets[p as usize + 1] += 1;
-    }
-    for p in 1..offsets.len() {
-        offsets[p] += offsets[p - 1];
-    }
+    let offsets = bucket_offsets(spec.partitions() + 1, partition_ids.iter().map(|&p| p as usize));
     let mut cursor = offsets.clone();
     let mut permutation = vec![0u32; keys.len()];
     for (row, &p) in partition_ids.iter().enumerate() {
