@@ -696,65 +696,6 @@ fn check_concurrent_uploads<B: JoinBackend>(device: &B::Device, rng: &mut StdRng
     });
 }
 
-/// Values whose blocks of a few thousand change in kind: one value, values
-/// counted up, small values of either sign, a narrow range far from zero,
-/// and values spread over every bit, so that uploads pack some blocks and
-/// send others as they are, in every order.
-fn mixed_values(rng: &mut StdRng, len: usize, bits: u32) -> Vec<u64> {
-    let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-    let mut values = Vec::with_capacity(len);
-    while values.len() < len {
-        let run = rng.random_range(1..3 * 4096).min(len - values.len());
-        let kind = rng.random_range(0..5);
-        let base: u64 = rng.random();
-        for i in 0..run as u64 {
-            values.push(
-                match kind {
-                    0 => base,
-                    1 => base.wrapping_add(i),
-                    2 => rng.random_range(0..2001u64).wrapping_sub(1000),
-                    3 => base.wrapping_add(rng.random_range(0..1u64 << 27)),
-                    _ => rng.random(),
-                } & mask,
-            );
-        }
-    }
-    values
-}
-
-/// Uploads of 4- and 8-byte values, some blocks narrow enough to go up
-/// packed and some not, of lengths from just over a megabyte to several
-/// slices with a partial last block, and columns of such values from
-/// batches: they come back as sent.
-fn check_packed_uploads<B: JoinBackend>(device: &B::Device, rng: &mut StdRng) {
-    let backend = open::<B>(device);
-    for len in [(1 << 18) + 1, 3_000_001, (20 << 20) + 7] {
-        let values: Vec<u32> = mixed_values(rng, len, 32).into_iter().map(|v| v as u32).collect();
-        assert!(backend.download(&backend.upload(&values).unwrap()).unwrap() == values, "{len} 4-byte values");
-        let values = mixed_values(rng, len / 2, 64);
-        assert!(backend.download(&backend.upload(&values).unwrap()).unwrap() == values, "{} 8-byte values", len / 2);
-    }
-    let rows = 5_000_003;
-    let ints = Int32Array::from_iter_values(mixed_values(rng, rows, 32).into_iter().map(|v| v as i32));
-    let longs = Int64Array::from_iter_values(mixed_values(rng, rows, 64).into_iter().map(|v| v as i64));
-    let doubles = Float64Array::from_iter_values((0..rows).map(|i| (i % 977) as f64 * 0.25 - 100.0));
-    for column in [Arc::new(ints) as ArrayRef, Arc::new(longs), Arc::new(doubles)] {
-        // In batches of 8,192 rows, as a scan gives them.
-        let batches: Vec<ArrayRef> = (0..rows).step_by(8192).map(|at| column.slice(at, 8192.min(rows - at))).collect();
-        let width = column.data_type().primitive_width().expect("a primitive column");
-        let bytes = column.to_data().buffers()[0].clone();
-        let fill = |first: usize, out: &mut [u8]| {
-            out.copy_from_slice(&bytes.as_slice()[first..first + out.len()]);
-            Ok(())
-        };
-        let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.as_ref()).collect();
-        let uploaded = backend.upload_values(column.data_type(), rows, &fill, &arrays).unwrap();
-        let back = backend.download_column(&uploaded).unwrap();
-        assert_eq!(back.len(), rows);
-        assert!(back.as_ref() == column.as_ref(), "a column of {} ({width} bytes a value)", column.data_type());
-    }
-}
-
 /// A generator seeded afresh for one check, its seed printed so that a
 /// failure can be replayed.
 fn fresh_rng(check: &str) -> StdRng {
@@ -811,12 +752,6 @@ fn join_filter_comparisons() {
 fn foreign_key_gathers() {
     let mut rng = fresh_rng("foreign-key gathers");
     on_test_backend!(B, device => check_foreign_key_gathers::<B>(device, &mut rng));
-}
-
-#[test]
-fn packed_uploads() {
-    let mut rng = fresh_rng("packed uploads");
-    on_test_backend!(B, device => check_packed_uploads::<B>(device, &mut rng));
 }
 
 #[test]

@@ -106,7 +106,7 @@ impl CudaBackend {
                 return Err(internal_datafusion_err!("{what}: {} bytes in place for {rows} rows", values.len()));
             }
             Some(values) => values,
-            None => DeviceBuffer::upload_values_with(&self.instance, rows * width, fill, width, what)?,
+            None => DeviceBuffer::upload_with(&self.instance, rows * width, fill, what)?,
         };
         Ok(CudaColumn { data_type: data_type.clone(), len: rows, width, values: Arc::new(values), validity: None })
     }

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 /// Kernel sources, concatenated in this order into one translation unit.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 8] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     ("scan.cu", include_str!("../../../kernels/scan.cu")),
     ("radix.cu", include_str!("../../../kernels/radix.cu")),
@@ -25,11 +25,10 @@ const SOURCES: [(&str, &str); 9] = [
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
     ("compact.cu", include_str!("../../../kernels/compact.cu")),
     ("filter.cu", include_str!("../../../kernels/filter.cu")),
-    ("upload.cu", include_str!("../../../kernels/upload.cu")),
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 63] = [
+pub(crate) const KERNEL_NAMES: [&str; 61] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -91,8 +90,6 @@ pub(crate) const KERNEL_NAMES: [&str; 63] = [
     "compare_rows_u16",
     "compare_rows_u32",
     "compare_rows_u64",
-    "unpack_upload_u32",
-    "unpack_upload_u64",
 ];
 
 /// The whole kernel source, with `#line` markers so that NVRTC's messages

@@ -22,7 +22,6 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use super::device::{CudaDevice, PooledStream, cuda_error};
-use super::packing::PackedUpload;
 use super::uncached::fill_uncached;
 use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
@@ -118,7 +117,7 @@ enum KnownPositions {
 
 /// Makes the device's context current on the calling thread, as the driver
 /// calls below need (work runs on whichever blocking thread tokio picks).
-pub(super) fn bind(instance: &Instance, what: &str) -> Result<()> {
+fn bind(instance: &Instance, what: &str) -> Result<()> {
     instance.device.context.bind_to_thread().map_err(|e| cuda_error(what, e))
 }
 
@@ -305,19 +304,6 @@ impl<T: Copy + Sync> DeviceBuffer<T> {
     /// `len` elements whose host values `fill` writes, in parallel pieces,
     /// straight into the memory the transfer reads.
     pub(crate) fn upload_with(instance: &Instance, len: usize, fill: Fill<'_, T>, what: &str) -> Result<Self> {
-        Self::upload_values_with(instance, len, fill, size_of::<T>(), what)
-    }
-
-    /// As [`DeviceBuffer::upload_with`], for elements that hold values
-    /// `value_width` bytes wide (a column's bytes), which decides how the
-    /// upload may be packed (see `packing`).
-    pub(crate) fn upload_values_with(
-        instance: &Instance,
-        len: usize,
-        fill: Fill<'_, T>,
-        value_width: usize,
-        what: &str,
-    ) -> Result<Self> {
         let buffer = Self::alloc(instance, len, what)?;
         let width = size_of::<T>();
         let fill_bytes = |offset: usize, bytes: &mut [u8]| {
@@ -328,7 +314,7 @@ impl<T: Copy + Sync> DeviceBuffer<T> {
             let out = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / width) };
             fill(offset / width, out)
         };
-        upload_bytes(instance, (len * width, value_width), buffer.pointer, &fill_bytes, what)?;
+        upload_bytes(instance, len * width, buffer.pointer, &fill_bytes, what)?;
         Ok(buffer)
     }
 }
@@ -482,12 +468,11 @@ fn upload_direct(instance: &Instance, host: &[u8], destination: CUdeviceptr, wha
         .map_err(|e| cuda_error(what, e))
 }
 
-/// Uploads `len` bytes that `fill` writes to `destination`, values
-/// `value_width` bytes wide; ordered before later work on the instance's
-/// stream, complete once it is waited for.
+/// Uploads `len` bytes that `fill` writes to `destination`; ordered before
+/// later work on the instance's stream, complete once it is waited for.
 fn upload_bytes(
     instance: &Instance,
-    (len, value_width): (usize, usize),
+    len: usize,
     destination: CUdeviceptr,
     fill: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync),
     what: &str,
@@ -496,10 +481,10 @@ fn upload_bytes(
         return Ok(());
     }
     bind(instance, what)?;
+    instance.counters.record_upload(len as u64);
     let stream = instance.stream.cu_stream();
     if len <= DIRECT_TRANSFER_BYTES {
         // Small transfers: a pageable copy costs less than the staging.
-        instance.counters.record_upload(len as u64);
         let mut host = vec![0u8; len + 16];
         // Aligned for any element, as the staging buffers are.
         let start = host.as_ptr().align_offset(16);
@@ -513,20 +498,15 @@ fn upload_bytes(
         // filled, so that the link carries one slice while the host fills
         // the next; the memory is held as a column's is (see
         // `upload_buffer`), not sent through the staging buffers, which
-        // wait on each. Values of 4 or 8 bytes go packed.
-        let mut packed = PackedUpload::new(instance, len, value_width, UPLOAD_SLICE_BYTES, what)?;
+        // wait on each.
         let filled = loan.bytes_mut(len)?.chunks_mut(UPLOAD_SLICE_BYTES).enumerate().try_for_each(|(i, slice)| {
             let first = i * UPLOAD_SLICE_BYTES;
-            let to = destination + first as u64;
-            if let Some(packed) = packed.as_mut() {
-                return packed.send(instance, (first, slice, PIECE_BYTES), to, fill, what);
-            }
-            instance.counters.record_upload(slice.len() as u64);
             parallel_fill(first, slice, fill)?;
             // SAFETY: the destination holds `len` bytes; the slice stays
             // alive and unwritten (the loan is held below, or waited for on
             // failure) until the stream is waited for.
-            unsafe { result::memcpy_htod_async(to, &*slice, stream) }.map_err(|e| cuda_error(what, e))
+            unsafe { result::memcpy_htod_async(destination + first as u64, &*slice, stream) }
+                .map_err(|e| cuda_error(what, e))
         });
         if let Err(e) = filled {
             // The slices enqueued still read the loan.
@@ -534,12 +514,8 @@ fn upload_bytes(
             return Err(e);
         }
         instance.reads.hold(Box::new(loan).into_buffer(len)?);
-        if let Some(packed) = packed {
-            instance.reads.hold(packed.into_frames()?);
-        }
         return Ok(());
     }
-    instance.counters.record_upload(len as u64);
     let mut staging = instance.device.take_staging(instance)?;
     let events = staging_events(instance)?;
     for (i, first) in (0..len).step_by(STAGING_BYTES).enumerate() {

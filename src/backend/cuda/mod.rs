@@ -10,7 +10,6 @@ mod filter;
 mod kernels;
 mod matching;
 mod memory;
-mod packing;
 mod pinned;
 mod transform;
 mod uncached;
@@ -116,28 +115,15 @@ impl CudaBackend {
 
     /// Launches `kernel` with `blocks` blocks; `rows` is for error messages.
     fn launch_blocks(&self, kernel: &str, blocks: u64, shared: u32, rows: u64, args: &[Arg]) -> Result<()> {
-        self.instance.launch_blocks(kernel, blocks, shared, rows, args)
-    }
-
-    /// Waits for the stream's work; a kernel fault surfaces here.
-    fn synchronize(&self, what: &str) -> Result<()> {
-        self.instance.synchronize(what)
-    }
-}
-
-impl Instance {
-    /// Launches `kernel` on the instance's stream with `blocks` blocks;
-    /// `rows` is for error messages.
-    pub(crate) fn launch_blocks(&self, kernel: &str, blocks: u64, shared: u32, rows: u64, args: &[Arg]) -> Result<()> {
         if blocks == 0 {
             return Ok(());
         }
-        self.counters.check_cancelled(kernel)?;
-        let function = self.device.kernel(kernel)?;
+        self.instance.counters.check_cancelled(kernel)?;
+        let function = self.instance.device.kernel(kernel)?;
         let grid = u32::try_from(blocks)
             .map_err(|_| exec_datafusion_err!("GPU join kernel {kernel}: {blocks} blocks are too many"))?;
         let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared };
-        let mut builder = self.stream.launch_builder(function);
+        let mut builder = self.instance.stream.launch_builder(function);
         for arg in args {
             match arg {
                 Arg::U8(v) => builder.arg(v),
@@ -149,6 +135,11 @@ impl Instance {
         unsafe { builder.launch(config) }
             .map(drop)
             .map_err(|e| exec_datafusion_err!("GPU join kernel {kernel} failed to launch on {rows} rows: {e}"))
+    }
+
+    /// Waits for the stream's work; a kernel fault surfaces here.
+    fn synchronize(&self, what: &str) -> Result<()> {
+        self.instance.synchronize(what)
     }
 }
 

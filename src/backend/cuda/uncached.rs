@@ -14,11 +14,11 @@ use datafusion::error::Result;
 
 /// Bytes the producer writes at a time: small enough to stay in the
 /// first-level cache, a multiple of every element size.
-pub(super) const SCRATCH_BYTES: usize = 16 << 10;
+const SCRATCH_BYTES: usize = 16 << 10;
 
 /// The producer's buffer, aligned for any element it writes.
 #[repr(C, align(64))]
-pub(super) struct Scratch(pub(super) [u8; SCRATCH_BYTES]);
+struct Scratch([u8; SCRATCH_BYTES]);
 
 /// Fills `bytes` with what `fill` writes for offsets `first..` (relative
 /// to the whole transfer), through a cached scratch buffer and non-temporal
@@ -48,7 +48,7 @@ pub(super) fn fill_uncached(
 /// target is 16-byte aligned. [`store_fence`] must follow before the target
 /// is read by anyone else.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn copy_uncached(target: &mut [u8], source: &[u8]) {
+fn copy_uncached(target: &mut [u8], source: &[u8]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     const LANE: usize = size_of::<__m128i>();
     let len = target.len().min(source.len());
@@ -66,12 +66,12 @@ pub(super) fn copy_uncached(target: &mut [u8], source: &[u8]) {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(super) fn copy_uncached(target: &mut [u8], source: &[u8]) {
+fn copy_uncached(target: &mut [u8], source: &[u8]) {
     let len = target.len().min(source.len());
     target[..len].copy_from_slice(&source[..len]);
 }
 
-pub(super) fn store_fence() {
+fn store_fence() {
     // SAFETY: SSE is part of x86-64; a fence has no other effect.
     #[cfg(target_arch = "x86_64")]
     unsafe {
