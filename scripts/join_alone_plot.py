@@ -1,6 +1,6 @@
 """The bar chart shared by the per-process plots of the GPU join alone
 (plot_pinned_tables.py, plot_directory_join.py, plot_pinned_in_place.py,
-plot_packed_uploads.py):
+plot_full_runs_and_packed_uploads.py):
 one panel per workload, one bar per process, beside the PCIe floor and
 1.5 times it (the target).
 """

@@ -1,0 +1,36 @@
+"""Plots the GPU join alone per process on the H200 machines of
+2026-11-28's later calls: with uploads packed by frame of reference
+(`0a61c90`, reverted) and without (`9a7209d`, the head's operator on the
+GPU), taking turns, then full runs of the head, beside 1.5 times the
+PCIe floor.
+
+    python3 scripts/plot_full_runs_and_packed_uploads.py \
+        docs/data/operator-full-runs-and-packed-uploads-h200-2026-11-28.csv \
+        docs/operator-full-runs-and-packed-uploads-h200.png
+
+The CSV holds the medians the `operator` benchmark prints, one row per
+process and workload (see docs/benchmarks.md, "Uploads packed by frame
+of reference" and "Every target in one run").
+"""
+import csv
+import sys
+
+from join_alone_plot import plot
+
+
+COLOURS = {"9a7209d": "tab:green", "0a61c90": "tab:orange"}
+
+
+def main(source, target):
+    plot(
+        list(csv.DictReader(open(source))),
+        lambda row: f"{row['call']}.{row['process']}",
+        lambda row: COLOURS.get(row["code"], "tab:gray"),
+        lambda row: "" if row["tables"] == "pinned" else "//",
+        "call.process and code: 9a7209d, the head (green), 0a61c90, packed uploads (orange); hatched: tables as made; calls 2 GPU side only, 1, 3, 4 full runs; H200, 2026-11-28",
+        target,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
