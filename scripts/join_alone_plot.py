@@ -4,6 +4,8 @@ plot_full_runs_and_packed_uploads.py):
 one panel per workload, one bar per process, beside the PCIe floor and
 1.5 times it (the target).
 """
+import csv
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -33,3 +35,17 @@ def plot(rows, label, colour, hatch, title, target):
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(target, dpi=110)
+
+
+def plot_by_code(source, target, colours, title):
+    """Draws the CSV `source` with one bar per call and process, coloured
+    by the row's code (`colours`, grey for others), hatched where the
+    tables were as made."""
+    plot(
+        list(csv.DictReader(open(source))),
+        lambda row: f"{row['call']}.{row['process']}",
+        lambda row: colours.get(row["code"], "tab:gray"),
+        lambda row: "" if row["tables"] == "pinned" else "//",
+        title,
+        target,
+    )

@@ -12,25 +12,15 @@ The CSV holds the medians the `operator` benchmark prints, one row per
 process and workload (see docs/benchmarks.md, "Uploads packed by frame
 of reference" and "Every target in one run").
 """
-import csv
 import sys
 
-from join_alone_plot import plot
-
-
-COLOURS = {"9a7209d": "tab:green", "0a61c90": "tab:orange"}
-
-
-def main(source, target):
-    plot(
-        list(csv.DictReader(open(source))),
-        lambda row: f"{row['call']}.{row['process']}",
-        lambda row: COLOURS.get(row["code"], "tab:gray"),
-        lambda row: "" if row["tables"] == "pinned" else "//",
-        "call.process and code: 9a7209d, the head (green), 0a61c90, packed uploads (orange); hatched: tables as made; calls 2 GPU side only, 1, 3, 4 full runs; H200, 2026-11-28",
-        target,
-    )
+from join_alone_plot import plot_by_code
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    plot_by_code(
+        sys.argv[1],
+        sys.argv[2],
+        {"9a7209d": "tab:green", "0a61c90": "tab:orange"},
+        "call.process and code: 9a7209d, the head (green), 0a61c90, packed uploads (orange); hatched: tables as made; calls 2 GPU side only, 1, 3, 4 full runs; H200, 2026-11-28",
+    )

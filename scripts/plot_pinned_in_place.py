@@ -10,29 +10,15 @@ The CSV holds the medians the `operator` benchmark prints, one row per
 process and workload (see docs/benchmarks.md, "Where the pinned join's
 time goes").
 """
-import csv
 import sys
 
-from join_alone_plot import plot
-
-
-COLOURS = {"c60d04b": "tab:blue", "9a7209d": "tab:green"}
-
-
-def label(row):
-    return f"{row['call']}.{row['process']}"
-
-
-def main(source, target):
-    plot(
-        list(csv.DictReader(open(source))),
-        label,
-        lambda row: COLOURS.get(row["code"], "tab:gray"),
-        lambda row: "" if row["tables"] == "pinned" else "//",
-        "call.process and code: 2662b90 (grey), c60d04b (blue), 9a7209d (green); hatched: tables as made, H200, 2026-11-28",
-        target,
-    )
+from join_alone_plot import plot_by_code
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    plot_by_code(
+        sys.argv[1],
+        sys.argv[2],
+        {"c60d04b": "tab:blue", "9a7209d": "tab:green"},
+        "call.process and code: 2662b90 (grey), c60d04b (blue), 9a7209d (green); hatched: tables as made, H200, 2026-11-28",
+    )
