@@ -1,8 +1,8 @@
 """Plots the GPU join alone per process on the H200 machines of
 2026-11-28's later calls: with uploads packed by frame of reference
-(`0a61c90`, reverted) and without (`9a7209d`, the head's operator on the
-GPU), taking turns, then full runs of the head, beside 1.5 times the
-PCIe floor.
+(`0a61c90`, reverted) and without (`9a7209d`, whose GPU code the revert
+keeps), taking turns, then full runs of `9a7209d`'s operator, beside 1.5
+times the PCIe floor.
 
     python3 scripts/plot_full_runs_and_packed_uploads.py \
         docs/data/operator-full-runs-and-packed-uploads-h200-2026-11-28.csv \
@@ -22,5 +22,5 @@ if __name__ == "__main__":
         sys.argv[1],
         sys.argv[2],
         {"9a7209d": "tab:green", "0a61c90": "tab:orange"},
-        "call.process and code: 9a7209d, the head (green), 0a61c90, packed uploads (orange); hatched: tables as made; calls 2 GPU side only, 1, 3, 4 full runs; H200, 2026-11-28",
+        "call.process and code: 9a7209d, not packed (green), 0a61c90, packed uploads (orange); hatched: tables as made; calls 2 GPU side only, 1, 3, 4 full runs; H200, 2026-11-28",
     )
