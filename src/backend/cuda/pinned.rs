@@ -61,6 +61,14 @@ struct PoolState {
     blocks: BTreeMap<usize, usize>,
 }
 
+impl PoolState {
+    /// The block at or below `address` (its address and bytes), the only
+    /// one that can hold it.
+    fn block_of(&self, address: usize) -> Option<(usize, usize)> {
+        self.blocks.range(..=address).next_back().map(|(&block, &size)| (block, size))
+    }
+}
+
 /// How a request for a block is met.
 enum Supply {
     Reused(Block),
@@ -160,13 +168,10 @@ impl PinnedPool {
     /// Whether `bytes` lie wholly in one of the pool's blocks, so that the
     /// device reads or writes them directly.
     pub fn holds(&self, bytes: &[u8]) -> bool {
-        self.holds_range(bytes.as_ptr() as usize, bytes.len())
-    }
-
-    fn holds_range(&self, start: usize, len: usize) -> bool {
-        self.state.lock().is_ok_and(|state| {
-            state.blocks.range(..=start).next_back().is_some_and(|(&block, &size)| start + len <= block + size)
-        })
+        let start = bytes.as_ptr() as usize;
+        self.state
+            .lock()
+            .is_ok_and(|state| state.block_of(start).is_some_and(|(block, size)| start + bytes.len() <= block + size))
     }
 
     /// `pieces` end to end, as one buffer per run of them that lies end to
@@ -175,7 +180,7 @@ impl PinnedPool {
     pub fn runs(&self, pieces: &[Buffer]) -> Option<Vec<Buffer>> {
         let runs = {
             let state = self.state.lock().ok()?;
-            runs_in_blocks(pieces, |address| state.blocks.range(..=address).next_back().map(|(&b, &s)| (b, s)))?
+            runs_in_blocks(pieces, |address| state.block_of(address))?
         };
         runs.into_iter()
             .map(|(indices, start, len)| {
