@@ -31,6 +31,9 @@ def plot(rows, label, colour, hatch, title, target):
         axis.set_xticks(range(len(mine)), [label(r) for r in mine], fontsize=7)
         axis.set_title(f"{workload}: GPU join alone, ms (per process)")
         axis.legend(fontsize=8, loc="upper left")
+    # Room above the tallest bar, so that the legends hide no bar's label.
+    tallest = max(max(float(r["join_alone_ms"]), 1.5 * float(r["pcie_floor_ms"])) for r in rows)
+    axes[0].set_ylim(0, 1.3 * tallest)
     axes[0].set_ylabel("ms")
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
