@@ -61,8 +61,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
-use datafusion_gpu_join::workloads::{self, is_query, tpcds, tpch};
 use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend};
+use gpu_join_workloads::{self as workloads, is_query, tpcds, tpch};
 
 struct Args {
     scale_factor: f64,

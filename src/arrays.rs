@@ -38,7 +38,7 @@ use datafusion::common::internal_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use crate::backend::value_width;
+use crate::values::value_width;
 
 /// `arrays` as one array; see the module's documentation for view types.
 pub(crate) fn concat_arrays(arrays: &[&dyn Array]) -> Result<ArrayRef> {

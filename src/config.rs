@@ -2,7 +2,9 @@
 //!
 //! The options live in DataFusion's own config system as a [`ConfigExtension`],
 //! so `SET gpu_join.enabled = false` works from SQL and `SHOW ALL` lists them.
-//! Every option is documented for users in `docs/configuration.md`.
+//! The doc comment of each option is its description for users: the table
+//! of options in `docs/configuration.md` is generated from them, and a test
+//! fails when that table is stale.
 
 use std::fmt;
 use std::str::FromStr;
@@ -193,23 +195,42 @@ config_field!(MemoryLimit);
 extensions_options! {
     /// Options of the GPU join, set with `SET gpu_join.<name> = <value>`.
     pub struct GpuJoinConfig {
-        /// Replace DataFusion's hash and sort-merge joins with GpuJoinExec.
+        /// Replace DataFusion's hash and sort-merge joins with `GpuJoinExec`.
+        /// With `false` every plan is exactly DataFusion's.
         pub enabled: bool, default = true
-        /// Backend running the join primitives: auto, cuda or cpu.
+        /// `auto`: the CUDA backend where a device is usable, else joins stay
+        /// DataFusion's (plans unchanged). `cuda`: always CUDA; planning
+        /// fails with an error saying what to set where no device is usable.
+        /// `cpu`: the CPU reference backend, the oracle the CUDA backend is
+        /// tested against.
         pub backend: BackendChoice, default = BackendChoice::Auto
-        /// Join algorithm: auto, hash, sort_merge or direct.
+        /// `auto`, `hash`, `sort_merge` or `direct`. `auto` runs the
+        /// directory join where a build side's key codes are dense, and
+        /// otherwise lets the cost model pick the partitioned hash or the
+        /// sort-merge join from the build side's sampled keys, the plan's
+        /// statistics and the device's measured profile (docs/algorithms.md).
+        /// A join that keeps a replaced sort-merge join's order is always
+        /// sort-merge.
         pub algorithm: AlgorithmChoice, default = AlgorithmChoice::Auto
-        /// Payload materialization: auto, transformed (GFTR) or untransformed (GFUR).
+        /// Where payloads are gathered from: `transformed` (GFTR, the `-OM`
+        /// variants: payloads move with the keys, gathers are clustered) or
+        /// `untransformed` (GFUR, `-UM`: gathers by row id). `auto`: the cost
+        /// model's choice per side on the GPU, GFUR on the CPU.
         pub materialization: MaterializationChoice, default = MaterializationChoice::Auto
-        /// Joins whose estimated build plus probe rows are below this stay on
-        /// DataFusion: at planning, from statistics, and again with each build
-        /// side as collected. The default is where the GPU session started to
-        /// win on the operator benchmark (docs/benchmarks.md).
+        /// Joins whose build plus probe rows are below this stay on
+        /// DataFusion: checked at planning with the most rows the build side
+        /// can have and the probe side's estimate, and again with each build
+        /// side as collected, when `EXPLAIN ANALYZE` shows
+        /// `algorithm=DataFusion` and why. The default is where the GPU
+        /// session overtakes DataFusion on the operator benchmark
+        /// (docs/benchmarks.md).
         pub min_rows: usize, default = 10_000_000
         /// A build side (a partition's, in `Partitioned` mode) with fewer
         /// rows as collected is joined by DataFusion's operator: its hash
-        /// table then sits in the CPU's caches and it probes faster than
-        /// probe rows cross PCIe (docs/benchmarks.md, TPC-H at SF 10).
+        /// table sits in the CPU's caches, and DataFusion probes it for less
+        /// than moving a probe row's key over PCIe costs. A join whose build
+        /// side can never reach it is not replaced at all, unless the GPU
+        /// join runs it in another shape than DataFusion planned.
         pub min_build_rows: usize, default = 1 << 18
         /// Where a build side goes to DataFusion's operator, a probe
         /// partition that turns out the smaller side builds the hash table
@@ -219,57 +240,76 @@ extensions_options! {
         /// are no more partitions than twice the cores) that, counted once
         /// for every partition, is under half the shared build side.
         pub build_smaller_side: bool, default = true
-        /// CUDA device ordinal.
+        /// The CUDA device the joins run on.
         pub device: usize, default = 0
-        /// Device memory budget: auto, a size such as 40G, or a percentage such as 75%.
+        /// The device memory the GPU join may hold at once: `auto` (80% of
+        /// the memory free when the device is first opened), a size such as
+        /// `40G` or `512M`, or a percentage such as `75%`. The device's pool
+        /// grows to it when the device opens; an allocation beyond it fails
+        /// with an error naming this option, and the join retries or falls
+        /// back.
         pub memory_limit: MemoryLimit, default = MemoryLimit::Auto
-        /// Run partitioned joins with one build side shared by every probe
-        /// partition, without DataFusion's hash repartitioning, where nothing
-        /// above relies on the join's partitioning.
+        /// Run a join DataFusion planned in `Partitioned` mode over hash
+        /// repartitions of both inputs in `CollectLeft` mode without them,
+        /// where nothing above relies on the join's partitioning: one build
+        /// side on the device serves every probe partition.
         pub collect_build_side: bool, default = true
         /// Most build rows joined in one pass; a larger build side is split
-        /// by key hash into passes. 0 sizes passes from the device budget.
+        /// by key hash into passes, each probe partition joined pass by
+        /// pass. 0 sizes passes from the device budget alone (a pass's
+        /// transform takes at most a quarter of `memory_limit`). Joins that
+        /// cannot be split (Left, Full, LeftSemi, LeftAnti, LeftMark, NOT IN,
+        /// or a probe order the plan relies on) run on DataFusion's operator
+        /// when their build side does not fit.
         pub build_pass_rows: usize, default = 0
         /// Most bytes of page-locked host memory the join keeps for data
         /// on its way to and from the device (probe chunks, build sides,
-        /// output columns), taken as needed and reused. Beyond it, and at
-        /// 0, data goes through small staging buffers and fresh memory.
+        /// output columns), taken as needed and reused until the process
+        /// ends, one pool per device. Beyond it, and at 0, data goes through
+        /// small staging buffers and fresh memory, more slowly.
         pub pinned_pool_bytes: usize, default = 8 << 30
-        /// Probe rows gathered into one chunk before it is joined.
+        /// Probe rows gathered into one chunk before it is joined. Larger
+        /// chunks use the GPU better and need more device memory. A chunk
+        /// that runs out of device memory, or matches more than 2^24 pairs,
+        /// is joined again alone, then in halves down to 4,096 rows, then by
+        /// DataFusion's operator over the build side's host copy.
         pub probe_chunk_rows: usize, default = 1 << 22
         /// Most probe rows a partition of a `CollectLeft` join reads while
         /// its build side is collected, as long as fewer than
         /// `min_build_rows` build rows are in (a larger build side goes to
         /// the device, whose wait the probe scan would lengthen), and not
-        /// where the probe input is a scan of batches in memory. 0 reads
-        /// the probe input only once the build side is in, as DataFusion's
-        /// hash join does.
+        /// where the probe input is a scan of batches in memory or reads the
+        /// join's dynamic filter. 0 reads the probe input only once the build
+        /// side is in, as DataFusion's hash join does.
         pub probe_read_ahead_rows: usize, default = 1 << 22
         /// Output rows per probe row from which a probe chunk's output
         /// columns are uploaded and gathered on the device; below it only
         /// keys are uploaded and the matched rows are taken on the host.
-        /// 0 always uploads them.
+        /// A join's first chunks decide after matching, by their own output
+        /// rows; later ones by those of the chunks so far. 0 always uploads
+        /// them.
         pub probe_device_gather_ratio: f64, default = 0.25
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
         /// candidate pairs where they lie. Other filters, and all of them
         /// when false, are evaluated on the host by DataFusion's expression.
+        /// `EXPLAIN` shows `filter_on=backend` or `filter_on=host`.
         pub filter_on_backend: bool, default = true
-        /// When matches keep the probe side's row order: auto, always or required.
+        /// When matches leave in probe row order, as `HashJoinExec` emits
+        /// them. `required`: only where the plan relies on it. `auto`: also
+        /// for small probe chunks, where it costs nothing measurable, so that
+        /// small results (a LIMIT without ORDER BY among them) come out as
+        /// DataFusion's. `always`: for every chunk, at the cost of
+        /// unclustered gathers on large joins.
         pub keep_probe_order: ProbeOrderChoice, default = ProbeOrderChoice::Auto
-        /// GPU jobs (loading or joining a probe chunk, preparing a build side)
-        /// that run on the device at once, over every partition and query.
+        /// GPU jobs (loading or joining a probe chunk, preparing a build
+        /// side) that run on the device at once, over every partition and
+        /// query of the process. Further jobs wait without holding a thread;
+        /// a job retried after running out of memory runs alone.
         pub concurrent_tasks: usize, default = 16
-        /// Testing only: the first N device allocations of each join
-        /// partition fail as if the device were full.
-        pub inject_allocation_failures: usize, default = 0
-        /// Testing only: the first N device allocations of each build
-        /// side's preparation fail as if the device were full.
-        pub inject_build_allocation_failures: usize, default = 0
-        /// Testing only: that many of each build side's device allocations
-        /// succeed before its injected failures start.
-        pub inject_build_allocation_failures_after: usize, default = 0
-        /// Which placement decisions are logged: none, not_on_gpu or all.
+        /// Which placement decisions the rule logs (at `info`, target
+        /// `datafusion_gpu_join`): `none`, `not_on_gpu` (the joins that stay
+        /// on DataFusion's operator, with the reason) or `all`.
         pub explain: ExplainChoice, default = ExplainChoice::NotOnGpu
     }
 }
@@ -287,7 +327,53 @@ impl GpuJoinConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write;
+    use std::path::Path;
+
+    use datafusion::common::config::ExtensionOptions;
+
     use super::*;
+
+    const TABLE_BEGIN: &str = "<!-- options: generated from the doc comments in src/config.rs -->";
+    const TABLE_END: &str = "<!-- end of options -->";
+
+    /// The table of options, one row each, from their doc comments.
+    fn options_table() -> String {
+        let mut table = String::from("| option | default | description |\n| --- | --- | --- |\n");
+        for entry in GpuJoinConfig::default().entries() {
+            let key = entry.key.strip_prefix("gpu_join.").unwrap_or(&entry.key);
+            let description = entry.description.split_whitespace().collect::<Vec<_>>().join(" ");
+            let default = entry.value.unwrap_or_default();
+            let _ = writeln!(table, "| `gpu_join.{key}` | `{default}` | {} |", description.replace('|', "\\|"));
+        }
+        table
+    }
+
+    /// `docs/configuration.md` holds the table the doc comments give;
+    /// `GPU_JOIN_UPDATE_CONFIG_DOCS=1 cargo test --lib configuration_docs`
+    /// writes it again.
+    #[test]
+    fn configuration_docs_are_current() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
+        let text = std::fs::read_to_string(&path).expect("docs/configuration.md is readable");
+        let (before, rest) = text.split_once(TABLE_BEGIN).expect("docs/configuration.md marks where its table begins");
+        let (_, after) = rest.split_once(TABLE_END).expect("docs/configuration.md marks where its table ends");
+        let current = format!("{before}{TABLE_BEGIN}\n{}{TABLE_END}{after}", options_table());
+        if std::env::var_os("GPU_JOIN_UPDATE_CONFIG_DOCS").is_some() {
+            std::fs::write(&path, &current).expect("docs/configuration.md is writable");
+        } else {
+            assert!(
+                text == current,
+                "docs/configuration.md is stale: run `GPU_JOIN_UPDATE_CONFIG_DOCS=1 cargo test --lib configuration_docs`"
+            );
+        }
+    }
+
+    #[test]
+    fn testing_hooks_are_no_options() {
+        let keys: Vec<String> = GpuJoinConfig::default().entries().into_iter().map(|e| e.key).collect();
+        assert!(keys.iter().all(|key| !key.contains("inject")), "{keys:?}");
+    }
 
     #[test]
     fn memory_limit_parses_sizes_and_percentages() {

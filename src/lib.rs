@@ -21,9 +21,6 @@
 //! * [`algorithms`]: the partitioned hash and sort-merge joins, written once;
 //! * [`backend`]: the join primitives, on the CPU (the reference) or CUDA;
 //! * [`keys`]: join keys normalised to fixed-width integers.
-//!
-//! [`workloads`] runs TPC-H and TPC-DS through a session, for the jobs,
-//! tests and benchmarks that compare the GPU join with DataFusion.
 
 pub mod algorithms;
 mod arrays;
@@ -35,7 +32,8 @@ mod lanes;
 mod pinned_batches;
 pub mod rule;
 mod session;
-pub mod workloads;
+pub mod testing;
+mod values;
 
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;

@@ -22,13 +22,27 @@ use datafusion::error::Result;
 use rayon::prelude::*;
 
 use crate::arrays::copy_values_in_parallel;
-use crate::backend::{TransferMemory, value_width};
+use crate::backend::{BackendHandle, TransferMemory};
+use crate::values::value_width;
+
+impl BackendHandle {
+    /// `partitions` with their fixed-width columns copied into this
+    /// backend's transfer memory, where a join reads them as they lie
+    /// ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]); as they are on
+    /// the CPU backend, whose memory is the host's.
+    pub fn pin_partitions(&self, partitions: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {
+        match self {
+            BackendHandle::Cpu => Ok(partitions),
+            BackendHandle::Cuda(device) => pin_partitions(partitions, &|bytes| device.keep_transfer_memory(bytes)),
+        }
+    }
+}
 
 /// `partitions` with the values of their fixed-width columns copied into
 /// memory from `keep`, one block per column of a partition; other columns,
 /// and the columns' validity, stay as they are. The batches keep their
 /// rows, schema and order.
-pub(crate) fn pin_partitions(
+fn pin_partitions(
     partitions: Vec<Vec<RecordBatch>>,
     keep: &(dyn Fn(usize) -> Result<Box<dyn TransferMemory>> + Sync),
 ) -> Result<Vec<Vec<RecordBatch>>> {

@@ -8,6 +8,7 @@ mod common;
 mod dynamic_filters;
 mod fuzz;
 mod kernels;
+mod layers;
 mod plans;
 mod primitives;
 mod reliability;

@@ -17,6 +17,7 @@ use crate::common::{
     datafusion_context, gpu_context, run, sorted_rows, test_backend, test_backend_choice, test_options,
 };
 use datafusion_gpu_join::config::BackendChoice;
+use datafusion_gpu_join::testing::InjectedAllocationFailures;
 use datafusion_gpu_join::{GpuJoinExec, SessionStateBuilderExt};
 
 const BUILD_ROWS: usize = 60_000;
@@ -52,7 +53,12 @@ async fn create_tables(ctx: &SessionContext) {
 /// A GPU session with the tables, chunks small enough that every query
 /// joins many of them.
 async fn gpu_session(settings: &[&str]) -> SessionContext {
-    let ctx = gpu_context(config());
+    gpu_session_failing(InjectedAllocationFailures::default(), settings).await
+}
+
+/// As [`gpu_session`], with device allocations that fail on purpose.
+async fn gpu_session_failing(faults: InjectedAllocationFailures, settings: &[&str]) -> SessionContext {
+    let ctx = gpu_context(config().with_extension(Arc::new(faults)));
     for setting in ["set gpu_join.probe_chunk_rows = 16384"].iter().chain(settings) {
         run(&ctx, setting).await;
     }
@@ -145,7 +151,7 @@ async fn a_join_cancelled_while_its_build_side_is_placed_frees_its_memory() {
 async fn allocation_failures_are_retried_or_fall_back() {
     let expected = expected_results().await;
     // One failure per partition: the chunk is joined again, alone.
-    let ctx = gpu_session(&["set gpu_join.inject_allocation_failures = 1"]).await;
+    let ctx = gpu_session_failing(InjectedAllocationFailures { probe: 1, ..Default::default() }, &[]).await;
     for (query, expected) in QUERIES.iter().zip(&expected) {
         assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{query} after one failure");
         let [retries] = join_metrics(&ctx, query, ["out_of_memory_retries"]).await;
@@ -153,7 +159,7 @@ async fn allocation_failures_are_retried_or_fall_back() {
     }
     // Every probe allocation fails: chunks are split to the smallest size,
     // then handed to DataFusion's hash join where the join type allows it.
-    let ctx = gpu_session(&["set gpu_join.inject_allocation_failures = 1000000"]).await;
+    let ctx = gpu_session_failing(InjectedAllocationFailures { probe: 1_000_000, ..Default::default() }, &[]).await;
     for (query, expected) in QUERIES.iter().zip(&expected) {
         let result = ctx.sql(query).await.expect("planned").collect().await;
         let emits_build_rows = query.contains("left join") || query.contains("full join");
@@ -161,6 +167,14 @@ async fn allocation_failures_are_retried_or_fall_back() {
             Ok(batches) => {
                 assert!(!emits_build_rows, "{query}: succeeded although every allocation fails");
                 assert_eq!(&sorted_rows(&batches), expected, "{query} on DataFusion's operator");
+                // Dozens of pieces of at most 4,096 probe rows each, and one
+                // hash table over each build side (one shared build side,
+                // or one per partition of four) for all of them.
+                let [tables, retries] =
+                    join_metrics(&ctx, query, ["host_fallback_tables", "out_of_memory_retries"]).await;
+                let (tables, retries) = (tables.unwrap_or(0), retries.unwrap_or(0));
+                assert!((1..=4).contains(&tables), "{query}: {tables} hash tables for DataFusion's operator");
+                assert!(retries > 8 * tables, "{query}: {retries} retries over {tables} hash tables");
             }
             Err(e) => {
                 let message = e.to_string();
@@ -191,7 +205,11 @@ async fn join_metrics<const N: usize>(ctx: &SessionContext, query: &str, names: 
 /// DataFusion's rows: joins that can be split in at least `fewest_passes`
 /// passes, the others (build rows emitted at the end) joined whole by
 /// DataFusion's operator.
-async fn assert_split_or_left_to_datafusion(settings: &[&str], fewest_passes: usize) {
+async fn assert_split_or_left_to_datafusion(
+    faults: InjectedAllocationFailures,
+    settings: &[&str],
+    fewest_passes: usize,
+) {
     let expected = expected_results().await;
     for collect in ["true", "false"] {
         let collect_setting = format!("set gpu_join.collect_build_side = {collect}");
@@ -200,9 +218,9 @@ async fn assert_split_or_left_to_datafusion(settings: &[&str], fewest_passes: us
             "set datafusion.optimizer.hash_join_single_partition_threshold = 0",
             "set datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
         ];
-        let ctx = gpu_session(&[settings, &session_settings[..]].concat()).await;
+        let ctx = gpu_session_failing(faults, &[settings, &session_settings[..]].concat()).await;
         for (query, expected) in QUERIES.iter().zip(&expected) {
-            let label = format!("{query} ({settings:?}, collect_build_side = {collect})");
+            let label = format!("{query} ({faults:?}, {settings:?}, collect_build_side = {collect})");
             assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");
             let [passes, loads] = join_metrics(&ctx, query, ["build_passes", "build_pass_loads"]).await;
             if query.contains("left join") || query.contains("full join") {
@@ -220,7 +238,8 @@ async fn assert_split_or_left_to_datafusion(settings: &[&str], fewest_passes: us
 async fn build_sides_split_into_passes_match_datafusion() {
     // 60,000 build rows in passes of at most 7,000: 16 passes in one build
     // side, 2 to 4 in each of 4 partitioned ones.
-    assert_split_or_left_to_datafusion(&["set gpu_join.build_pass_rows = 7000"], 2).await;
+    let no_faults = InjectedAllocationFailures::default();
+    assert_split_or_left_to_datafusion(no_faults, &["set gpu_join.build_pass_rows = 7000"], 2).await;
     // Partitions drained one after another still finish: none waits for
     // another to make progress.
     let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000"]).await;
@@ -244,15 +263,13 @@ async fn build_sides_split_into_passes_match_datafusion() {
 async fn build_sides_that_do_not_fit_after_all_are_split_or_left_to_datafusion() {
     // Estimated to fit, so probe chunks are staged while the build side is
     // prepared; its preparation then runs out of memory, shared and alone.
-    assert_split_or_left_to_datafusion(&["set gpu_join.inject_build_allocation_failures = 2"], 4).await;
+    let failing = InjectedAllocationFailures { build: 2, ..Default::default() };
+    assert_split_or_left_to_datafusion(failing, &[], 4).await;
     // The same once the first preparation's probe plan is out (on the
     // reference backend): chunks loaded by it are dropped and joined in
     // passes with the rest.
-    let after_plan = [
-        "set gpu_join.inject_build_allocation_failures = 2",
-        "set gpu_join.inject_build_allocation_failures_after = 1",
-    ];
-    assert_split_or_left_to_datafusion(&after_plan, 4).await;
+    let after_plan = InjectedAllocationFailures { build: 2, build_spared: 1, ..Default::default() };
+    assert_split_or_left_to_datafusion(after_plan, &[], 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -264,11 +281,8 @@ async fn build_sides_prepared_again_alone_give_the_same_rows() {
     let expected = expected_results().await;
     for collect in ["true", "false"] {
         let setting = format!("set gpu_join.collect_build_side = {collect}");
-        let failing = [
-            "set gpu_join.inject_build_allocation_failures = 1",
-            "set gpu_join.inject_build_allocation_failures_after = 1",
-        ];
-        let ctx = gpu_session(&[&failing[..], &[setting.as_str()]].concat()).await;
+        let failing = InjectedAllocationFailures { build: 1, build_spared: 1, ..Default::default() };
+        let ctx = gpu_session_failing(failing, &[setting.as_str()]).await;
         for (query, expected) in QUERIES.iter().zip(&expected) {
             let label = format!("{query} (collect_build_side = {collect})");
             assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{label}");

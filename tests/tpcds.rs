@@ -7,7 +7,7 @@
 //! GPU join, over tables in memory and over Parquet files.
 
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::workloads::{comparable_rows, tpcds};
+use gpu_join_workloads::{comparable_rows, tpcds};
 
 use crate::common::{datafusion_context, gpu_context, gpu_joins, run};
 

@@ -2,7 +2,7 @@
 //! query through the GPU join gives DataFusion's rows.
 
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::workloads::{self, tpch};
+use gpu_join_workloads::{self as workloads, tpch};
 
 use crate::common::{datafusion_context, gpu_context, sorted_rows};
 

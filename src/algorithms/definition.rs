@@ -4,7 +4,6 @@ use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::physical_expr::{LexOrdering, PhysicalExprRef};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
-use super::choice::PlannedSizes;
 use super::pair_filter::PairFilter;
 use crate::config::{AlgorithmChoice, MaterializationChoice, ProbeOrderChoice};
 use crate::keys::RawKeys;
@@ -197,5 +196,31 @@ impl JoinDefinition {
     /// Whether the filter reads columns of the given side.
     pub(crate) fn filter_reads(&self, side: JoinSide) -> bool {
         self.filter.as_ref().is_some_and(|f| f.column_indices().iter().any(|c| c.side == side))
+    }
+}
+
+/// What DataFusion's statistics say of a join's inputs when it is planned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlannedSizes {
+    pub probe_rows: Option<usize>,
+    /// Least and greatest probe key, for one integer key column.
+    pub probe_key_range: Option<(i64, i64)>,
+    /// Build sides the join collects: one, or one per partition in
+    /// `Partitioned` mode, each meeting its share of the probe side.
+    pub build_sides: usize,
+}
+
+impl PlannedSizes {
+    /// Probe rows one build side meets.
+    pub fn probe_rows_per_build_side(&self) -> Option<usize> {
+        Some(self.probe_rows? / self.build_sides.max(1))
+    }
+
+    /// The whole join's build plus probe rows, estimated from one build side
+    /// of `build_rows` rows as collected; `None` when the probe side's size
+    /// is unknown.
+    pub fn join_rows(&self, build_rows: usize) -> Option<usize> {
+        let per_side = build_rows.saturating_add(self.probe_rows_per_build_side()?);
+        Some(per_side.saturating_mul(self.build_sides.max(1)))
     }
 }

@@ -13,24 +13,28 @@
 //!    anti, mark) from flags.
 //! 3. **materialize**: output columns gathered from positions.
 
+mod build_side;
 pub mod choice;
 mod definition;
 mod host_rows;
 mod materialize;
 mod pair_filter;
 mod phases;
-mod pipeline;
+mod probe_chunk;
+mod probe_columns;
 mod residual;
 mod semantics;
 mod side;
+mod staged_keys;
 mod strategy;
 
+pub use build_side::{BuildSide, ProbePlan, finish_build_side, prepare_build_side};
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
 pub use host_rows::{HostRows, assemble_columns};
 pub use pair_filter::{ColumnComparison, PairFilter};
-pub use pipeline::{
-    BuildSide, CollectedKeys, JoinedChunk, LoadedChunk, PhaseTimers, ProbeColumns, ProbeOutput, ProbePlan, Settle,
-    evaluate_keys, finish_build_side, join_loaded_chunk, load_probe_chunk, prepare_build_side,
-};
+pub use phases::PhaseTimers;
+pub use probe_chunk::{JoinedChunk, LoadedChunk, OutputRows, join_loaded_chunk, load_probe_chunk};
+pub use probe_columns::{ProbeChunkPolicy, ProbeColumns, ProbeOutput, upload_pays};
 pub(crate) use side::columns_held;
+pub use staged_keys::{CollectedKeys, evaluate_keys};
 pub use strategy::{Algorithm, Strategy};

@@ -3,10 +3,19 @@
 
 use datafusion::common::internal_err;
 use datafusion::error::Result;
+use datafusion::physical_plan::metrics::Time;
 
 use super::Algorithm;
 use crate::backend::{Candidates, JoinBackend, Layout, PartitionSpec, Space, Transformed};
 use crate::keys::{KeyEncoder, NormalizedKey};
+
+/// Where the time of a join goes, phase by phase.
+#[derive(Debug, Clone, Default)]
+pub struct PhaseTimers {
+    pub transform: Time,
+    pub matching: Time,
+    pub materialize: Time,
+}
 
 /// Transforms the build side: a radix partition with enough bits that build
 /// partitions fit the backend's fast memory (partitioned hash join), or a

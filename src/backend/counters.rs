@@ -64,7 +64,7 @@ impl DeviceCounters {
     }
 
     /// Makes `count` allocations fail after the next `spared`
-    /// (`gpu_join.inject_allocation_failures` and its build-side kin).
+    /// ([`crate::testing::InjectedAllocationFailures`]).
     pub fn inject_allocation_failures(&self, spared: usize, count: usize) {
         self.spared_allocations.store(spared, Ordering::Relaxed);
         self.injected_failures.store(count, Ordering::Relaxed);

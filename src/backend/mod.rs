@@ -15,14 +15,15 @@ mod cache;
 mod counters;
 pub mod cpu;
 pub mod cuda;
+mod handle;
 
 pub use cuda::compile_kernels as compile_cuda_kernels;
-use cuda::{CudaBackend, CudaDevice};
+pub use handle::{BackendHandle, cuda_backend};
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, UInt32Array};
 use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
@@ -31,69 +32,10 @@ pub use admission::Admission;
 pub(crate) use cache::cache_dir;
 pub use counters::DeviceCounters;
 
+pub use crate::keys::SortSpec;
 use crate::keys::{NormalizedKey, RawCodes};
-
-/// The backend a join was planned for. Cheap to clone; the operator opens
-/// one backend instance per output partition from it.
-#[derive(Debug, Clone)]
-pub enum BackendHandle {
-    Cpu,
-    Cuda(Arc<CudaDevice>),
-}
-
-impl BackendHandle {
-    pub fn name(&self) -> &'static str {
-        match self {
-            BackendHandle::Cpu => "cpu",
-            BackendHandle::Cuda(_) => "cuda",
-        }
-    }
-
-    /// Device memory the GPU join holds now, over every join of the
-    /// process (none on the CPU backend).
-    pub fn device_memory_in_use(&self) -> u64 {
-        match self {
-            BackendHandle::Cpu => 0,
-            BackendHandle::Cuda(device) => device.budget.used(),
-        }
-    }
-
-    /// `partitions` with their fixed-width columns copied into this
-    /// backend's transfer memory, where a join reads them as they lie
-    /// ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]); as they are on
-    /// the CPU backend, whose memory is the host's.
-    pub fn pin_partitions(&self, partitions: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {
-        match self {
-            BackendHandle::Cpu => Ok(partitions),
-            BackendHandle::Cuda(device) => crate::pinned_batches::pin_partitions(partitions, &|bytes| {
-                let block = device.pinned.keep(bytes).map_err(|e| {
-                    e.context(format!("keeping a table's column of {bytes} bytes in pinned memory: free host memory, or join the batches as they are"))
-                })?;
-                Ok(Box::new(block) as Box<dyn TransferMemory>)
-            }),
-        }
-    }
-
-    pub fn preferred_gather_space(&self) -> Space {
-        match self {
-            BackendHandle::Cpu => cpu::CpuBackend::PREFERRED_GATHER_SPACE,
-            BackendHandle::Cuda(_) => CudaBackend::PREFERRED_GATHER_SPACE,
-        }
-    }
-}
-
-/// The CUDA backend for the session's device, or why there is none. The
-/// device is opened once per process (kernels compiled or read from the
-/// cache); its memory budget follows `gpu_join.memory_limit`.
-pub fn cuda_backend(options: &crate::config::GpuJoinConfig) -> std::result::Result<BackendHandle, String> {
-    cuda::open_device(options).map(BackendHandle::Cuda)
-}
-
-/// Types that backend vectors hold.
-pub trait Element: Copy + Send + Sync + Default + Debug + 'static {}
-impl Element for u8 {}
-impl Element for u32 {}
-impl Element for u64 {}
+pub use crate::values::Element;
+pub(crate) use crate::values::value_width;
 
 /// Writes the host values of elements `first..first + out.len()` of an
 /// upload into `out`; called for pieces of the upload in parallel.
@@ -125,12 +67,6 @@ pub(crate) fn held_width(data_type: &DataType) -> Option<usize> {
         DataType::Boolean => Some(1),
         t => value_width(t).filter(|w| matches!(w, 1 | 2 | 4 | 8 | 16)),
     }
-}
-
-/// Bytes per value of a primitive type, whose values lie end to end in one
-/// buffer; `None` for other types (booleans are bits).
-pub(crate) fn value_width(data_type: &DataType) -> Option<usize> {
-    data_type.primitive_width().filter(|_| data_type.is_primitive())
 }
 
 /// How a join filter compares the values of a pair
@@ -272,40 +208,6 @@ impl PartitionSpec {
         match K::BITS {
             32 => ((key.to_u64() as u32).wrapping_mul(0x9E37_79B1) >> (32 - self.bits)) as usize,
             _ => (key.to_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize,
-        }
-    }
-}
-
-/// Which key bits a sort orders by: the low `key_bits` bits.
-///
-/// Packed keys take fewer bits than their width, and a radix sort needs a
-/// pass per digit of the bits it orders by. The unmatchable key has every
-/// bit set, so one bit above the matchable values still sorts it last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SortSpec {
-    pub key_bits: u32,
-}
-
-impl SortSpec {
-    /// Every bit of a `K` (hashed keys).
-    pub fn full<K: NormalizedKey>() -> Self {
-        Self { key_bits: K::BITS }
-    }
-
-    /// Keys whose matchable values are below `2^value_bits`.
-    pub fn for_value_bits<K: NormalizedKey>(value_bits: u32) -> Self {
-        Self { key_bits: (value_bits + 1).min(K::BITS) }
-    }
-
-    pub fn digit_bits(&self) -> u32 {
-        self.key_bits
-    }
-
-    /// What the sort orders `key` by.
-    pub fn sort_key<K: NormalizedKey>(&self, key: K) -> u64 {
-        match self.key_bits {
-            64.. => key.to_u64(),
-            bits => key.to_u64() & ((1u64 << bits) - 1),
         }
     }
 }

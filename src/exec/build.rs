@@ -30,35 +30,36 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::watch;
 
-use super::chosen::ChosenStrategies;
-use super::fallback::{hash_join_over, in_key_order};
+use super::device_build::DeviceBuild;
+use super::device_join::DeviceJoin;
+use super::fallback::{concatenated_last_first, hash_join_over, in_key_order};
+use super::inputs::PartitionInputs;
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_into_passes};
-use super::probe_yield::ProbeYield;
 use super::read_ahead::ProbeSlots;
-use super::runner::PartitionInputs;
+use super::runtime::{CancelOnDrop, admitted, is_out_of_memory, run_blocking};
 use super::smaller_side::{SwappableBuild, may_swap_sides};
 use super::staging::assemble_rows;
-use super::stream::{CancelOnDrop, is_out_of_memory, run_blocking};
 use crate::algorithms::{
     BuildSide, CollectedKeys, HostRows, JoinDefinition, ProbePlan, choice, columns_held, evaluate_keys,
     prepare_build_side,
 };
-use crate::arrays::{PARALLEL_CONCAT_ROWS, concat_record_batches};
-use crate::backend::{Admission, DeviceCounters, JoinBackend};
+use crate::arrays::PARALLEL_CONCAT_ROWS;
+use crate::backend::{DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::keys::{KeyEncoder, KeyRanges};
+use crate::testing::InjectedAllocationFailures;
 
 /// What a build side became once placed.
 pub(crate) enum CollectedBuild<B: JoinBackend> {
     /// Prepared on the device in one piece.
-    Whole { side: Arc<BuildSide<B>>, _reservation: MemoryReservation },
+    Whole { side: Arc<DeviceBuild<B>>, _reservation: MemoryReservation },
     /// Split into passes, each prepared when partitions need it.
     Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
     /// Too small for the device to win, or too large for it in a join that
@@ -118,19 +119,6 @@ impl<B: JoinBackend> PendingBuild<B> {
             }),
         }
     }
-}
-
-/// One GPU join as each of its parts sees it: the device it runs on, what it
-/// computes, and DataFusion's join for what the device cannot take.
-pub(crate) struct DeviceJoin<B: JoinBackend> {
-    pub device: B::Device,
-    pub definition: Arc<JoinDefinition>,
-    /// DataFusion's join, for chunks the device cannot take.
-    pub twin: Arc<HashJoinExec>,
-    /// Where the strategies of its build sides are recorded.
-    pub chosen: Arc<ChosenStrategies>,
-    /// The output rows its probe chunks gave so far.
-    pub probe_yield: ProbeYield,
 }
 
 /// What the task placing a build side takes from the partition that
@@ -242,7 +230,7 @@ async fn collect_input(
             task.join().await.map_err(|e| exec_datafusion_err!("GPU join: collecting the build side: {e}"))??;
         collected.batches.extend(part.batches);
         collected.keys.extend(part.keys);
-        collected.ranges = merge_ranges(collected.ranges, part.ranges);
+        collected.ranges = KeyRanges::merge_known(collected.ranges, part.ranges);
     }
     Ok(collected)
 }
@@ -284,7 +272,7 @@ async fn read_partition(
         if keys.keep || keys.spans {
             let evaluated = evaluate_keys(&keys.expressions, &batch)?;
             if keys.spans {
-                collected.ranges = merge_ranges(collected.ranges, Some(KeyRanges::of_piece(&evaluated)));
+                collected.ranges = KeyRanges::merge_known(collected.ranges, Some(KeyRanges::of_piece(&evaluated)));
             }
             if keys.keep {
                 collected.keys.push(evaluated);
@@ -321,54 +309,7 @@ struct Collected {
     ranges: Option<KeyRanges>,
 }
 
-pub(super) fn merge_ranges(a: Option<KeyRanges>, b: Option<KeyRanges>) -> Option<KeyRanges> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.merge(b)),
-        (ranges, None) | (None, ranges) => ranges,
-    }
-}
-
-/// A build side for DataFusion's operator: its batches as one, in the
-/// order the operator would concatenate them (the last batch first), each
-/// string view buffer that the batches share kept once. The operator
-/// concatenates with arrow's `concat`, which keeps every batch's buffers:
-/// a build side taken from another join's output then holds each of that
-/// join's buffers once per batch, and every batch of its output carries
-/// them all (TPC-DS Q65 at scale factor 10: 1.2 million buffers in one
-/// column of a semi join's output, walked again by each memory count above
-/// it). One batch the operator keeps as it is, at the cost of the copy it
-/// would have made. Copied `in_parallel` on the calling thread's rayon
-/// pool, or by one thread.
-pub(super) fn concatenated_last_first(
-    schema: &SchemaRef,
-    mut batches: Vec<RecordBatch>,
-    in_parallel: bool,
-) -> Result<Vec<RecordBatch>> {
-    if batches.len() < 2 {
-        return Ok(batches);
-    }
-    batches.reverse();
-    Ok(vec![concat_record_batches(schema, &batches, in_parallel)?])
-}
-
-/// A permit of the device's admission, its wait counted.
-pub(crate) async fn admitted(
-    metrics: &GpuJoinMetrics,
-    permit: impl Future<Output = Result<OwnedSemaphorePermit>>,
-) -> Result<OwnedSemaphorePermit> {
-    let _wait = metrics.admission_wait_time.timer();
-    permit.await
-}
-
 impl<B: JoinBackend> DeviceJoin<B> {
-    pub fn open_backend(&self, counters: Arc<DeviceCounters>) -> Result<B> {
-        B::open(&self.device, counters)
-    }
-
-    pub fn admission(&self) -> &Admission {
-        B::admission(&self.device)
-    }
-
     /// Collects partition `partition` of the build input (`inputs.left`),
     /// counting its rows in `rows_in` as they come, and starts placing it;
     /// returns once its rows are in.
@@ -381,10 +322,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
     ) -> Result<PendingBuild<B>> {
         let timer = inputs.metrics.build_collect_time.timer();
         let counters = Arc::new(DeviceCounters::default());
-        counters.inject_allocation_failures(
-            options.inject_build_allocation_failures_after,
-            options.inject_build_allocation_failures,
-        );
+        let faults = InjectedAllocationFailures::of(inputs.context.session_config());
+        counters.inject_allocation_failures(faults.build_spared, faults.build);
         let backend = self.open_backend(Arc::clone(&counters))?;
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
@@ -497,7 +436,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
                 self.prepare_admitted(&backend, &metrics, &options, host_rows.clone(), ranges, keys, Some(planned));
             match prepared.await {
                 Ok(side) => {
-                    return Ok(Arc::new(CollectedBuild::Whole { side: Arc::new(side), _reservation: reservation }));
+                    let side = Arc::new(DeviceBuild::new(side));
+                    return Ok(Arc::new(CollectedBuild::Whole { side, _reservation: reservation }));
                 }
                 Err(e) if is_out_of_memory(&e) => {
                     log::info!("gpu_join: a build side of {rows} rows does not fit the device: {e}");

@@ -1,13 +1,8 @@
 //! DataFusion's own operator for a probe chunk the GPU could not join.
 //!
-//! When a chunk keeps running out of device memory, even alone on the
-//! device and split down to small pieces, its rows are joined by
-//! `HashJoinExec` over the build side's host copy. That gives exactly the
-//! rows the GPU would have given only for joins whose probe chunks join
-//! independently (no build-side rows emitted at the end, no NOT IN): for
-//! the others the join fails with what to do.
-//!
-//! A build side too large for the device, of a join that cannot be split
+//! A probe chunk that keeps running out of device memory is joined by
+//! `HashJoinExec` over the build side's host copy
+//! ([`super::device_build`]). A build side too large for the device, of a join that cannot be split
 //! into passes, is joined by the same operator for the whole probe side.
 //! Where the GPU join's output leaves in key order, DataFusion's output is
 //! sorted into it.
@@ -16,7 +11,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use datafusion::common::{internal_err, resources_datafusion_err};
+use datafusion::common::internal_err;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -28,28 +23,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Sendable
 use futures::stream;
 
 use crate::algorithms::JoinDefinition;
-
-/// The chunk's output rows from DataFusion's hash join, or `error` with
-/// advice when the join type does not allow a per-chunk fallback.
-pub(super) async fn join_chunk_on_cpu(
-    twin: &HashJoinExec,
-    definition: &JoinDefinition,
-    build: &RecordBatch,
-    chunk: RecordBatch,
-    context: Arc<TaskContext>,
-    error: DataFusionError,
-) -> Result<Vec<RecordBatch>> {
-    if !definition.probe_chunks_join_independently() {
-        return Err(resources_datafusion_err!(
-            "{error}. A {} join cannot hand single probe chunks to DataFusion; lower gpu_join.probe_chunk_rows, \
-             raise gpu_join.memory_limit, or set gpu_join.enabled = false",
-            definition.join_type
-        ));
-    }
-    log::warn!("gpu_join: joining {} probe rows on DataFusion's operator: {error}", chunk.num_rows());
-    let right = MemorySourceConfig::try_new_exec(&[vec![chunk]], twin.right().schema(), None)?;
-    collect(hash_join_over(twin, std::slice::from_ref(build), right, PartitionMode::CollectLeft, 0)?, context).await
-}
+use crate::arrays::concat_record_batches;
 
 /// Every output row of a partition that the device could not join whole
 /// (a join whose output leaves in key order): DataFusion's hash join of
@@ -132,6 +106,29 @@ fn hash_join_exec(
         .with_new_children(vec![left, right])?
         .recompute_properties()
         .build()
+}
+
+/// A build side for DataFusion's operator: its batches as one, in the
+/// order the operator would concatenate them (the last batch first), each
+/// string view buffer that the batches share kept once. The operator
+/// concatenates with arrow's `concat`, which keeps every batch's buffers:
+/// a build side taken from another join's output then holds each of that
+/// join's buffers once per batch, and every batch of its output carries
+/// them all (TPC-DS Q65 at scale factor 10: 1.2 million buffers in one
+/// column of a semi join's output, walked again by each memory count above
+/// it). One batch the operator keeps as it is, at the cost of the copy it
+/// would have made. Copied `in_parallel` on the calling thread's rayon
+/// pool, or by one thread.
+pub(super) fn concatenated_last_first(
+    schema: &SchemaRef,
+    mut batches: Vec<RecordBatch>,
+    in_parallel: bool,
+) -> Result<Vec<RecordBatch>> {
+    if batches.len() < 2 {
+        return Ok(batches);
+    }
+    batches.reverse();
+    Ok(vec![concat_record_batches(schema, &batches, in_parallel)?])
 }
 
 /// A plan of `partitions` partitions of which partition `at` yields

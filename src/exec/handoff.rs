@@ -15,11 +15,55 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::execution::RecordBatchStream;
 use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::oneshot;
 
+use super::inputs::PartitionInputs;
+use super::output::{OutputSender, output_slices, shared_slices};
+
 /// The end of the hand-over the task keeps.
 pub(super) type Handover = oneshot::Sender<SendableRecordBatchStream>;
+
+/// DataFusion's operator's output for the partition: handed over to the
+/// partition's consumer, which reads it as it would under DataFusion's
+/// plan; sent through the channel where the join has a `fetch` to count.
+/// Its batches leave as they come where the join is the one DataFusion
+/// planned (cut to `batch_size`), and otherwise in compacted slices of
+/// `batch_size` (see `GpuJoinExec::reshaped`). `build`, the build side
+/// and its memory reservation, lives as long as the stream.
+pub(super) async fn hand_over(
+    mut batches: SendableRecordBatchStream,
+    build: impl Send + 'static,
+    inputs: &PartitionInputs,
+    handover: Handover,
+    output: &mut OutputSender<'_>,
+) -> Result<()> {
+    if inputs.fetch.is_some() {
+        let mut wanted = true;
+        while let (true, Some(batch)) = (wanted, batches.next().await) {
+            wanted = output.send(batch?).await?;
+        }
+        return Ok(());
+    }
+    let baseline = inputs.metrics.baseline.clone();
+    let schema = batches.schema();
+    let (batch_size, as_planned) = (inputs.context.session_config().batch_size().max(1), inputs.as_planned);
+    // DataFusion's operator may emit more than `batch_size` rows at once (a
+    // left join's unmatched build rows).
+    let handed = batches.flat_map(move |batch| {
+        let _build = &build;
+        let slices = match batch {
+            Ok(batch) if as_planned => shared_slices(&batch, batch_size, &baseline).collect(),
+            Ok(batch) => output_slices(&batch, batch_size, usize::MAX, &baseline).collect(),
+            Err(e) => vec![Err(e)],
+        };
+        futures::stream::iter(slices)
+    });
+    // The consumer has gone (the query was cancelled): nothing to hand on.
+    let _ = handover.send(Box::pin(RecordBatchStreamAdapter::new(schema, handed)));
+    Ok(())
+}
 
 /// What the task sends, until it hands a stream over; then that stream.
 pub(super) struct HandedOver {

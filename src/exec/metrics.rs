@@ -37,6 +37,10 @@ pub(crate) struct GpuJoinMetrics {
     /// Device work done again after the device ran out of memory: alone
     /// on the device, in smaller pieces, or, for a build side, in passes.
     pub out_of_memory_retries: Count,
+    /// Hash tables DataFusion's operator built over a build side's host
+    /// copy, for probe pieces the device could not take: one per build side
+    /// at most, however many pieces.
+    pub host_fallback_tables: Count,
     pub phases: PhaseTimers,
     pub bytes_to_device: Count,
     pub bytes_from_device: Count,
@@ -60,6 +64,7 @@ impl GpuJoinMetrics {
             build_passes: count("build_passes"),
             build_pass_loads: count("build_pass_loads"),
             out_of_memory_retries: count("out_of_memory_retries"),
+            host_fallback_tables: count("host_fallback_tables"),
             phases: PhaseTimers {
                 transform: time("transform_time"),
                 matching: time("match_time"),

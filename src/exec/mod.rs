@@ -8,21 +8,29 @@
 
 mod build;
 mod chosen;
+mod chunk_jobs;
+mod device_build;
+mod device_join;
 mod display;
 mod fallback;
 mod handoff;
+mod in_key_order;
+mod inputs;
 mod key_order;
 mod metrics;
+mod out_of_memory;
+mod output;
+mod partition;
 mod passes;
 mod probe_filter;
-mod probe_yield;
+mod probe_stages;
+mod probing;
 mod read_ahead;
 mod runner;
+mod runtime;
 mod smaller_side;
 mod staging;
-mod stream;
-
-pub(crate) use stream::run_blocking;
+mod twin;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -51,11 +59,13 @@ use crate::algorithms::choice::{self, PlanStatistics, PlannedSizes, planned_size
 use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
 use crate::backend::BackendHandle;
 use crate::config::GpuJoinConfig;
+use inputs::PartitionInputs;
 use key_order::OrderedOutput;
 pub(crate) use key_order::SortMergeOrder;
 use metrics::GpuJoinMetrics;
 use probe_filter::ProbeFilter;
-use runner::{JoinRunner, PartitionInputs, runner_for};
+use runner::{JoinRunner, runner_for};
+use twin::{build_sides, probe_keys, probe_order_required};
 
 /// The DataFusion operator a `GpuJoinExec` took the place of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,24 +100,6 @@ pub struct GpuJoinExec {
     /// The join is the hash join DataFusion planned, its mode and inputs
     /// unchanged; see [`GpuJoinExec::reshaped`].
     as_planned: bool,
-}
-
-fn probe_keys(twin: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
-    twin.on().iter().map(|(_, r)| Arc::clone(r)).collect()
-}
-
-/// Build sides the join collects: one per partition in `Partitioned` mode.
-fn build_sides(twin: &HashJoinExec) -> usize {
-    match twin.mode {
-        PartitionMode::Partitioned => twin.left().output_partitioning().partition_count(),
-        PartitionMode::CollectLeft | PartitionMode::Auto => 1,
-    }
-}
-
-/// Whether matches must leave in probe row order: the hash join's promise
-/// for an ordered probe input, unless the output leaves in key order.
-fn probe_order_required(twin: &HashJoinExec, key_order: Option<&KeyOrder>) -> bool {
-    key_order.is_none() && ExecutionPlan::maintains_input_order(twin)[1] && twin.right().output_ordering().is_some()
 }
 
 impl GpuJoinExec {

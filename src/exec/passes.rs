@@ -32,10 +32,16 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use rayon::prelude::*;
 use tokio::sync::OnceCell;
 
+use super::device_build::DeviceBuild;
+use super::inputs::PartitionInputs;
+use super::staging::held_bytes;
 use crate::algorithms::BuildSide;
 use crate::backend::JoinBackend;
 
@@ -160,7 +166,50 @@ fn in_groups(batches: &[RecordBatch], rows: usize) -> Vec<&[RecordBatch]> {
     groups
 }
 
-type SharedPass<B> = std::result::Result<Arc<BuildSide<B>>, Arc<DataFusionError>>;
+/// A partition's probe rows split by pass, held on the host (in
+/// DataFusion's memory pool) until their pass is joined.
+pub(super) struct ProbeByPass {
+    pub pieces: Vec<Vec<RecordBatch>>,
+    pub reservation: MemoryReservation,
+}
+
+/// Reads the probe side and splits it into `passes` passes, batches
+/// gathered into splits of [`SPLIT_ROWS`] rows.
+pub(super) async fn split_probe_by_pass(
+    inputs: &PartitionInputs,
+    probe_keys: &[PhysicalExprRef],
+    passes: usize,
+    mut probe: BoxStream<'_, Result<RecordBatch>>,
+) -> Result<ProbeByPass> {
+    let reservation =
+        MemoryConsumer::new(format!("GpuJoinProbePasses[{}]", inputs.partition)).register(inputs.context.memory_pool());
+    let mut pieces: Vec<Vec<RecordBatch>> = vec![vec![]; passes];
+    let schema = inputs.right.schema();
+    let mut split = |batches: &mut Vec<RecordBatch>| -> Result<()> {
+        let by_pass = split_by_pass(&schema, batches, probe_keys, passes)?;
+        for (pass, piece) in by_pass.into_iter().enumerate().filter(|(_, piece)| piece.num_rows() > 0) {
+            reservation.try_grow(held_bytes(&piece))?;
+            pieces[pass].push(piece);
+        }
+        reservation.shrink(batches.drain(..).map(|batch| held_bytes(&batch)).sum());
+        Ok(())
+    };
+    let (mut unsplit, mut unsplit_rows) = (vec![], 0);
+    while let Some(batch) = probe.next().await {
+        let batch = batch?;
+        reservation.try_grow(held_bytes(&batch))?;
+        unsplit_rows += batch.num_rows();
+        unsplit.push(batch);
+        if unsplit_rows >= SPLIT_ROWS {
+            split(&mut unsplit)?;
+            unsplit_rows = 0;
+        }
+    }
+    split(&mut unsplit)?;
+    Ok(ProbeByPass { pieces, reservation })
+}
+
+type SharedPass<B> = std::result::Result<Arc<DeviceBuild<B>>, Arc<DataFusionError>>;
 
 /// Where a pass is (or is being) prepared; partitions asking at once share it.
 type PassCell<B> = Arc<OnceCell<SharedPass<B>>>;
@@ -217,7 +266,7 @@ impl<B: JoinBackend> BuildPasses<B> {
     /// Pass `pass` on the device, prepared by `prepare` from its build rows
     /// if it is not there. Waits while the device holds as many passes as
     /// it may and none of them can go (see [`Self::resident_cell`]).
-    pub async fn acquire<F, Fut>(&self, pass: usize, prepare: F) -> Result<Arc<BuildSide<B>>>
+    pub async fn acquire<F, Fut>(&self, pass: usize, prepare: F) -> Result<Arc<DeviceBuild<B>>>
     where
         F: FnOnce(RecordBatch) -> Fut,
         Fut: Future<Output = Result<BuildSide<B>>>,
@@ -233,8 +282,12 @@ impl<B: JoinBackend> BuildPasses<B> {
             }
             tokio::time::sleep(PASS_RECHECK).await;
         };
-        let prepared =
-            cell.get_or_init(|| async { prepare(piece).await.map(Arc::new).map_err(Arc::new) }).await.clone();
+        let prepared = cell
+            .get_or_init(|| async {
+                prepare(piece).await.map(|side| Arc::new(DeviceBuild::new(side))).map_err(Arc::new)
+            })
+            .await
+            .clone();
         if prepared.is_err() {
             self.evict(pass);
         }

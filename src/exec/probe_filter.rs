@@ -30,8 +30,7 @@ use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 
-use super::build::merge_ranges;
-use super::{build_sides, probe_keys};
+use super::twin::{build_sides, probe_keys};
 use crate::algorithms::evaluate_keys;
 use crate::keys::{KeyRanges, SpanBounds};
 
@@ -120,7 +119,7 @@ impl ProbeFilter {
             };
             match report {
                 Some(BuildReport { ranges, keys }) => {
-                    reports.ranges = merge_ranges(reports.ranges.take(), ranges.cloned());
+                    reports.ranges = KeyRanges::merge_known(reports.ranges.take(), ranges.cloned());
                     reports.keys = match (reports.keys.take(), keys) {
                         (Some(mut before), Some(keys)) => {
                             before.extend(keys);

@@ -12,38 +12,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::TaskContext;
+use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
-use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
-use tokio::sync::{OnceCell, oneshot};
+use tokio::sync::OnceCell;
 
-use super::build::{DeviceJoin, PendingBuild};
+use super::build::PendingBuild;
 use super::chosen::ChosenStrategies;
-use super::handoff::HandedOver;
-use super::metrics::GpuJoinMetrics;
-use super::probe_filter::ProbeFilter;
-use super::probe_yield::ProbeYield;
-use super::stream::run_partition;
-use crate::algorithms::JoinDefinition;
+use super::device_join::DeviceJoin;
+use super::inputs::PartitionInputs;
+use super::runtime::drop_off_the_workers;
+use crate::algorithms::{JoinDefinition, ProbeChunkPolicy};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{BackendHandle, JoinBackend, cpu::CpuBackend};
 use crate::config::GpuJoinConfig;
-
-/// What one output partition needs to run.
-pub(crate) struct PartitionInputs {
-    pub partition: usize,
-    pub context: Arc<TaskContext>,
-    pub left: Arc<dyn ExecutionPlan>,
-    pub right: Arc<dyn ExecutionPlan>,
-    pub mode: PartitionMode,
-    pub fetch: Option<usize>,
-    pub metrics: GpuJoinMetrics,
-    /// The dynamic filter of the probe side's scan, where one reads it.
-    pub probe_filter: Option<Arc<ProbeFilter>>,
-    /// The join is the one DataFusion planned (`GpuJoinExec::reshaped`).
-    pub as_planned: bool,
-}
 
 pub(crate) trait JoinRunner: Send + Sync + fmt::Debug {
     fn execute(self: Arc<Self>, inputs: PartitionInputs) -> Result<SendableRecordBatchStream>;
@@ -57,14 +38,14 @@ pub(crate) fn runner_for(
     probe_partitions: usize,
     chosen: Arc<ChosenStrategies>,
 ) -> Arc<dyn JoinRunner> {
-    let probe_yield = ProbeYield::for_join(&definition);
+    let probe_chunks = ProbeChunkPolicy::for_join(&definition);
     match backend {
         BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new(
-            DeviceJoin { device: (), definition, twin, chosen, probe_yield },
+            DeviceJoin { device: (), definition, twin, chosen, probe_chunks },
             probe_partitions,
         )),
         BackendHandle::Cuda(device) => Arc::new(Runner::<CudaBackend>::new(
-            DeviceJoin { device: Arc::clone(device), definition, twin, chosen, probe_yield },
+            DeviceJoin { device: Arc::clone(device), definition, twin, chosen, probe_chunks },
             probe_partitions,
         )),
     }
@@ -176,24 +157,5 @@ impl<B: JoinBackend> Runner<B> {
             self.probes_running.store(self.probe_partitions, Ordering::Release);
         }
         last
-    }
-}
-
-/// Drops `value` on tokio's blocking pool, where what it frees (thousands
-/// of batches, device buffers) holds up no task: on a worker it held up
-/// the consumer of the stream that had just ended, which tokio runs next on
-/// the same worker.
-pub(crate) fn drop_off_the_workers<T: Send + 'static>(value: T) {
-    drop(tokio::task::spawn_blocking(move || drop(value)));
-}
-
-impl<B: JoinBackend> JoinRunner for Runner<B> {
-    fn execute(self: Arc<Self>, inputs: PartitionInputs) -> Result<SendableRecordBatchStream> {
-        let schema = Arc::clone(&self.join.definition.output_schema);
-        let mut builder = RecordBatchReceiverStreamBuilder::new(schema, 2);
-        let tx = builder.tx();
-        let (handover, handed) = oneshot::channel();
-        builder.spawn(async move { run_partition(self, inputs, tx, handover).await });
-        Ok(Box::pin(HandedOver::new(builder.build(), handed)))
     }
 }

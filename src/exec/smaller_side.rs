@@ -44,10 +44,10 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Sendable
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use super::build::{DeviceJoin, concatenated_last_first};
-use super::fallback::{hash_join_over, in_key_order, swapped_hash_join};
+use super::device_join::DeviceJoin;
+use super::fallback::{concatenated_last_first, hash_join_over, in_key_order, swapped_hash_join};
+use super::inputs::PartitionInputs;
 use super::read_ahead::{ProbeSlots, handed_on_first};
-use super::runner::PartitionInputs;
 use crate::algorithms::JoinDefinition;
 use crate::backend::JoinBackend;
 use crate::config::{GpuJoinConfig, ProbeOrderChoice};

@@ -15,10 +15,9 @@
 //! A row that can never match (a NULL key under `NullEqualsNothing`, or a value
 //! outside the build range) gets the reserved key [`NormalizedKey::UNMATCHABLE`].
 
+mod normalized;
 mod packed;
 mod raw;
-
-use std::hash::Hash;
 
 use arrow::array::{Array, ArrayRef};
 use arrow::compute::SortOptions;
@@ -28,45 +27,11 @@ use datafusion::common::{NullEquality, internal_err};
 use datafusion::error::Result;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
-use crate::backend::{Element, SortSpec};
+pub use normalized::{NormalizedKey, RawCodes, SortSpec};
 pub use packed::{KeyRanges, SpanBounds};
 use packed::{PARALLEL_ROWS, PackedLayout};
-pub use raw::{RawCodes, RawKeys, RawSpan};
+pub use raw::{RawKeys, RawSpan};
 use rayon::prelude::*;
-
-/// A fixed-width key as the join primitives see it.
-pub trait NormalizedKey: Element + Eq + Ord + Hash {
-    /// The key of a row that cannot match any other row.
-    const UNMATCHABLE: Self;
-    /// Width in bits.
-    const BITS: u32;
-    /// Widening conversion.
-    fn to_u64(self) -> u64;
-    /// Narrowing conversion; callers guarantee the value fits.
-    fn from_u64(value: u64) -> Self;
-}
-
-impl NormalizedKey for u32 {
-    const UNMATCHABLE: Self = u32::MAX;
-    const BITS: u32 = 32;
-    fn to_u64(self) -> u64 {
-        u64::from(self)
-    }
-    fn from_u64(value: u64) -> Self {
-        value as u32
-    }
-}
-
-impl NormalizedKey for u64 {
-    const UNMATCHABLE: Self = u64::MAX;
-    const BITS: u32 = 64;
-    fn to_u64(self) -> u64 {
-        self
-    }
-    fn from_u64(value: u64) -> Self {
-        value
-    }
-}
 
 /// One normalised key per row, in the narrowest width the encoding allows.
 #[derive(Debug, Clone, PartialEq, Eq)]

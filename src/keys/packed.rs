@@ -21,7 +21,7 @@ use datafusion::common::{NullEquality, ScalarValue, internal_err};
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use super::{NormalizedKey, RawCodes};
+use super::normalized::{NormalizedKey, RawCodes};
 
 /// Widest packed key; one code above it stays free for the unmatchable key.
 const MAX_PACKED_BITS: u32 = 63;
@@ -252,6 +252,14 @@ impl KeyRanges {
     pub fn merge(self, other: Self) -> Self {
         let spans = self.0.into_iter().zip(other.0).map(|(a, b)| Some(union(a?, b?)));
         Self(spans.collect())
+    }
+
+    /// The spans of both, where both are known; else the one that is.
+    pub fn merge_known(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.merge(b)),
+            (ranges, None) | (None, ranges) => ranges,
+        }
     }
 
     /// The spans of key columns given in pieces, over slices in parallel.

@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 
-use super::KeyRanges;
+use super::packed::KeyRanges;
 use crate::lanes::in_wide_lanes;
 
 /// How the raw bits of a key column's values order: as `i32` or as `u32`.
@@ -101,27 +101,6 @@ impl RawKeys {
                 let (lo, hi) = values.iter().fold((u32::MAX, u32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
                 (i64::from(lo), i64::from(hi))
             }
-        }
-    }
-}
-
-/// How the raw bits of 4-byte key values become their codes: a value's
-/// distance from `lo` (wrapping) is its offset, and an offset up to `span`
-/// codes as itself plus `shift`, a larger one (a value outside the build
-/// side's span) as the unmatchable key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawCodes {
-    pub lo: u32,
-    pub span: u32,
-    pub shift: u32,
-}
-
-impl RawCodes {
-    pub fn code(self, value: u32) -> u32 {
-        let offset = value.wrapping_sub(self.lo);
-        match offset <= self.span {
-            true => offset.wrapping_add(self.shift),
-            false => <u32 as super::NormalizedKey>::UNMATCHABLE,
         }
     }
 }

@@ -10,7 +10,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::sorts::sort::SortExec;
 
-use super::NotOnGpu;
+use super::not_on_gpu::NotOnGpu;
 use super::shape::with_one_build_side;
 use super::walk::Relied;
 use crate::algorithms::choice::PlanStatistics;

@@ -6,6 +6,7 @@
 
 mod assess;
 mod decisions;
+mod not_on_gpu;
 mod shape;
 mod walk;
 
@@ -16,7 +17,8 @@ use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
-pub use decisions::{JoinDecision, NotOnGpu, Placement, plan_decisions};
+pub use decisions::{JoinDecision, Placement, plan_decisions};
+pub use not_on_gpu::NotOnGpu;
 
 use crate::config::{ExplainChoice, GpuJoinConfig};
 use assess::{Assessment, RuleContext};

@@ -16,9 +16,10 @@ mod profile;
 mod shape;
 mod statistics;
 
+pub use super::definition::PlannedSizes;
 pub use cost::{Estimate, estimate};
 pub(crate) use observe::observe_shape;
-pub use observe::{PlannedSizes, planned_sizes};
+pub use observe::planned_sizes;
 pub use profile::{CostProfile, DeviceProfile, PROFILE_ROWS, device_profile, measure};
 pub use shape::{JoinShape, KeyEstimates, KeySample, SampleRows, estimate_keys, sample_rows};
 pub use statistics::PlanStatistics;

@@ -14,35 +14,10 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::shape::{JoinShape, KeySample, estimate_keys, sample_rows};
 use super::statistics::PlanStatistics;
+use crate::algorithms::definition::PlannedSizes;
 use crate::algorithms::{JoinDefinition, OutputColumn};
 use crate::backend::{JoinBackend, PartitionSpec, radix_pass_count};
 use crate::keys::{KeyEncoder, KeyExactness, NormalizedKey, NormalizedKeys};
-
-/// What DataFusion's statistics say of a join's inputs when it is planned.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PlannedSizes {
-    pub probe_rows: Option<usize>,
-    /// Least and greatest probe key, for one integer key column.
-    pub probe_key_range: Option<(i64, i64)>,
-    /// Build sides the join collects: one, or one per partition in
-    /// `Partitioned` mode, each meeting its share of the probe side.
-    pub build_sides: usize,
-}
-
-impl PlannedSizes {
-    /// Probe rows one build side meets.
-    pub fn probe_rows_per_build_side(&self) -> Option<usize> {
-        Some(self.probe_rows? / self.build_sides.max(1))
-    }
-
-    /// The whole join's build plus probe rows, estimated from one build side
-    /// of `build_rows` rows as collected; `None` when the probe side's size
-    /// is unknown.
-    pub fn join_rows(&self, build_rows: usize) -> Option<usize> {
-        let per_side = build_rows.saturating_add(self.probe_rows_per_build_side()?);
-        Some(per_side.saturating_mul(self.build_sides.max(1)))
-    }
-}
 
 /// The sizes of a join over `probe` with `build_sides` build sides, from
 /// the probe side's statistics.

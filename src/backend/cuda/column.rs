@@ -13,7 +13,7 @@ use arrow::datatypes::DataType;
 use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
-use super::CudaBackend;
+use super::launch::CudaBackend;
 use super::memory::DeviceBuffer;
 use crate::arrays::value_bytes;
 use crate::backend::{Fill, JoinBackend, held_width, value_width};
@@ -178,7 +178,7 @@ impl CudaBackend {
             w => return Err(internal_datafusion_err!("no gather for {w}-byte values")),
         };
         let (source, index, n, out) = (column.values.pointer(), positions.pointer(), rows as u64, values.pointer());
-        let blocks = n.div_ceil(u64::from(super::BLOCK) * GATHER_ITEMS);
+        let blocks = n.div_ceil(u64::from(super::launch::BLOCK) * GATHER_ITEMS);
         self.launch_blocks(kernel, blocks, 0, n, &[source.into(), index.into(), n.into(), out.into()])?;
         // Validity only where a null can arise: a null source or a null position.
         let validity = if may_hold_nulls || column.validity.is_some() {

@@ -3,8 +3,8 @@
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 
+use super::launch::{Arg, CudaBackend};
 use super::memory::DeviceBuffer;
-use super::{Arg, CudaBackend};
 
 /// Items per block of the scan and compaction kernels (BLOCK x 8).
 const SCAN_TILE: usize = 256 * 8;

@@ -10,9 +10,11 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, sys};
 use datafusion::common::{DataFusionError, resources_datafusion_err};
 use datafusion::error::Result;
 
+use super::driver::{cuda_error, probe_libraries};
 use super::kernels::Kernels;
 use super::pinned::PinnedPool;
-use crate::backend::Admission;
+use super::staging::Staging;
+use crate::backend::{Admission, TransferMemory};
 use crate::config::MemoryLimit;
 
 /// How many bytes of device memory the GPU join may hold at once.
@@ -70,7 +72,7 @@ pub struct CudaDevice {
     pub(crate) label: String,
     /// Largest dynamic shared memory one block may use.
     pub(crate) max_shared_bytes: u32,
-    pub(crate) staging: Mutex<Vec<super::memory::Staging>>,
+    pub(crate) staging: Mutex<Vec<Staging>>,
     /// Pinned blocks that inputs are assembled in and outputs downloaded
     /// into.
     pub(crate) pinned: Arc<PinnedPool>,
@@ -84,6 +86,18 @@ pub struct CudaDevice {
 const IDLE_STREAMS: usize = 256;
 
 impl CudaDevice {
+    /// `bytes` of pinned memory outside the pool's limit, kept until the
+    /// buffer over it is dropped: a table's column that joins read where it
+    /// lies ([`crate::GpuJoinContextExt::gpu_join_pin_batches`]).
+    pub(crate) fn keep_transfer_memory(&self, bytes: usize) -> Result<Box<dyn TransferMemory>> {
+        let block = self.pinned.keep(bytes).map_err(|e| {
+            e.context(format!(
+                "keeping a table's column of {bytes} bytes in pinned memory: free host memory, or join the batches as they are"
+            ))
+        })?;
+        Ok(Box::new(block))
+    }
+
     /// A stream for one backend instance: an idle one if there is, else a
     /// new one. Each partition of each join holds one, and creating and
     /// destroying streams takes the driver's lock: a query's joins opened
@@ -140,12 +154,8 @@ impl Drop for PooledStream {
     }
 }
 
-pub(crate) fn cuda_error(what: &str, error: impl std::fmt::Display) -> DataFusionError {
-    DataFusionError::Execution(format!("GPU join: CUDA error while {what}: {error}"))
-}
-
 fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
-    super::probe_libraries()?;
+    probe_libraries()?;
     // cudarc panics when a driver symbol is missing; treat that as "no device".
     let context = catch_unwind(|| {
         wait_without_spinning(ordinal);
@@ -166,8 +176,8 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             .map_err(|e| format!("querying shared memory: {e}"))? as u32;
         // Set once, before any launch: changing it while other partitions
         // launch the same kernel could fail their launches.
-        let table_bytes = super::matching::table_limit(max_shared_bytes);
-        for name in super::matching::TABLE_KERNELS {
+        let table_bytes = super::kernels::table_limit(max_shared_bytes);
+        for name in super::kernels::TABLE_KERNELS {
             let function = kernels.get(name).ok_or_else(|| format!("kernel {name} is not loaded"))?;
             // SAFETY: the function belongs to the module loaded above.
             unsafe {
@@ -181,7 +191,7 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
         }
         // Kernels whose occupancy is bounded by shared memory get all of it
         // that the L1 cache can give up.
-        let shared_bound = super::matching::TABLE_KERNELS.iter().chain(super::transform::SCATTER_KERNELS.iter());
+        let shared_bound = super::kernels::TABLE_KERNELS.iter().chain(super::kernels::SCATTER_KERNELS.iter());
         for name in shared_bound {
             let function = kernels.get(name).ok_or_else(|| format!("kernel {name} is not loaded"))?;
             // SAFETY: as above.
@@ -328,4 +338,20 @@ pub(crate) fn device(
         }
     }
     Ok(device)
+}
+
+impl CudaDevice {
+    /// Staging buffers from the device's pool, or new ones.
+    pub(crate) fn take_staging(&self) -> Result<Staging> {
+        match self.staging.lock().ok().and_then(|mut pool| pool.pop()) {
+            Some(staging) => Ok(staging),
+            None => Staging::new(&self.context),
+        }
+    }
+
+    pub(crate) fn return_staging(&self, staging: Staging) {
+        if let Ok(mut pool) = self.staging.lock() {
+            pool.push(staging);
+        }
+    }
 }

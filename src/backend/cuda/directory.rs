@@ -5,8 +5,8 @@
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 
+use super::launch::{Arg, CudaBackend};
 use super::memory::DeviceBuffer;
-use super::{Arg, CudaBackend};
 use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed};
 use crate::keys::NormalizedKey;
 

@@ -2,8 +2,8 @@
 
 use datafusion::error::Result;
 
-use super::CudaBackend;
 use super::column::CudaColumn;
+use super::launch::CudaBackend;
 use super::memory::DeviceBuffer;
 use crate::backend::{Comparison, check_compared};
 

@@ -224,3 +224,24 @@ impl Kernels {
         self.functions.get(name)
     }
 }
+
+/// Shared memory a work unit's hash table may use.
+pub(super) const TABLE_BYTES: u32 = 96 * 1024;
+
+/// Shared memory of one work unit's table on a device that allows `max`.
+pub(super) fn table_limit(max_shared_bytes: u32) -> u32 {
+    TABLE_BYTES.min(max_shared_bytes)
+}
+
+/// Kernels whose blocks hold a piece's table in dynamic shared memory.
+pub(super) const TABLE_KERNELS: [&str; 6] = [
+    "build_tables_u32",
+    "build_tables_u64",
+    "hash_first_shared_u32",
+    "hash_first_shared_u64",
+    "hash_second_shared_u32",
+    "hash_second_shared_u64",
+];
+
+/// The radix scatter kernels, whose shared memory bounds their occupancy.
+pub(super) const SCATTER_KERNELS: [&str; 2] = ["radix_scatter_u32", "radix_scatter_u64"];

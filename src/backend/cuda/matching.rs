@@ -22,31 +22,15 @@ use std::sync::Mutex;
 use datafusion::common::{exec_datafusion_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 
+use super::kernels::table_limit;
+use super::launch::{Arg, CudaBackend};
 use super::memory::DeviceBuffer;
-use super::{Arg, CudaBackend};
 use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
 /// Probe rows one work unit streams through its table at most (a slice of a
 /// long probe partition).
 const PROBE_SLICE_ROWS: u32 = 16 * 1024;
-/// Shared memory a work unit's hash table may use.
-const TABLE_BYTES: u32 = 96 * 1024;
-
-/// Shared memory of one work unit's table on a device that allows `max`.
-pub(super) fn table_limit(max_shared_bytes: u32) -> u32 {
-    TABLE_BYTES.min(max_shared_bytes)
-}
-
-/// Kernels whose blocks hold a piece's table in dynamic shared memory.
-pub(super) const TABLE_KERNELS: [&str; 6] = [
-    "build_tables_u32",
-    "build_tables_u64",
-    "hash_first_shared_u32",
-    "hash_first_shared_u64",
-    "hash_second_shared_u32",
-    "hash_second_shared_u64",
-];
 
 /// Hash table slots for `build_rows` rows (load factor at most 3/4); the
 /// kernel computes the same.

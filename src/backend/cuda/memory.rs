@@ -21,14 +21,14 @@ use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use super::device::{CudaDevice, PooledStream, cuda_error};
+use super::device::{CudaDevice, PooledStream};
+use super::driver::cuda_error;
+use super::staging::STAGING_BYTES;
 use super::uncached::fill_uncached;
 use crate::backend::{DeviceCounters, Fill, TransferMemory};
 
 /// Transfers up to this size skip the staging buffers.
 pub(crate) const DIRECT_TRANSFER_BYTES: usize = 1 << 20;
-/// Size of each of the two pinned staging buffers.
-const STAGING_BYTES: usize = 16 << 20;
 /// Bytes of a staging buffer each rayon task fills or empties: a multiple
 /// of every element size, so that pieces hold whole elements.
 const PIECE_BYTES: usize = 1 << 20;
@@ -390,45 +390,6 @@ impl<T> Drop for DeviceBuffer<T> {
     }
 }
 
-/// Two pinned host buffers for staged transfers.
-#[derive(Debug)]
-pub(crate) struct Staging {
-    buffers: [*mut u8; 2],
-}
-
-// SAFETY: the buffers are plain host memory owned by this value.
-unsafe impl Send for Staging {}
-
-impl Staging {
-    fn new(instance: &Instance) -> Result<Self> {
-        bind(instance, "allocating pinned staging memory")?;
-        let mut buffers = [std::ptr::null_mut(); 2];
-        for buffer in buffers.iter_mut() {
-            // SAFETY: allocates page-locked host memory.
-            *buffer = unsafe { result::malloc_host(STAGING_BYTES, 0) }
-                .map_err(|e| cuda_error("allocating pinned staging memory", e))?
-                .cast();
-        }
-        Ok(Self { buffers })
-    }
-
-    fn buffer(&mut self, index: usize, len: usize) -> &mut [u8] {
-        // SAFETY: each buffer holds STAGING_BYTES bytes and `len` is at most that.
-        unsafe { std::slice::from_raw_parts_mut(self.buffers[index], len.min(STAGING_BYTES)) }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        for buffer in self.buffers {
-            // SAFETY: allocated by malloc_host and no longer used.
-            if let Err(e) = unsafe { result::free_host(buffer.cast()) } {
-                log::warn!("gpu_join: freeing pinned staging memory failed: {e}");
-            }
-        }
-    }
-}
-
 fn parallel_copy(from: &[u8], to: &mut [u8]) {
     to.par_chunks_mut(PIECE_BYTES).zip(from.par_chunks(PIECE_BYTES)).for_each(|(t, f)| t.copy_from_slice(f));
 }
@@ -516,7 +477,7 @@ fn upload_bytes(
         instance.reads.hold(Box::new(loan).into_buffer(len)?);
         return Ok(());
     }
-    let mut staging = instance.device.take_staging(instance)?;
+    let mut staging = instance.device.take_staging()?;
     let events = staging_events(instance)?;
     for (i, first) in (0..len).step_by(STAGING_BYTES).enumerate() {
         let b = i % 2;
@@ -549,7 +510,7 @@ fn download_bytes(instance: &Instance, source: CUdeviceptr, host: &mut [u8], wha
         unsafe { result::memcpy_dtoh_async(host, source, stream) }.map_err(|e| cuda_error(what, e))?;
         return synchronize(instance, what);
     }
-    let mut staging = instance.device.take_staging(instance)?;
+    let mut staging = instance.device.take_staging()?;
     let events = staging_events(instance)?;
     let chunks: Vec<&mut [u8]> = host.chunks_mut(STAGING_BYTES).collect();
     let count = chunks.len();
@@ -578,20 +539,4 @@ fn download_bytes(instance: &Instance, source: CUdeviceptr, host: &mut [u8], wha
     }
     instance.device.return_staging(staging);
     Ok(())
-}
-
-impl CudaDevice {
-    /// Staging buffers from the device's pool, or new ones.
-    pub(crate) fn take_staging(&self, instance: &Instance) -> Result<Staging> {
-        match self.staging.lock().ok().and_then(|mut pool| pool.pop()) {
-            Some(staging) => Ok(staging),
-            None => Staging::new(instance),
-        }
-    }
-
-    pub(crate) fn return_staging(&self, staging: Staging) {
-        if let Ok(mut pool) = self.staging.lock() {
-            pool.push(staging);
-        }
-    }
 }

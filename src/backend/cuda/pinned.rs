@@ -25,7 +25,7 @@ use datafusion::error::Result;
 use crate::arrays::runs_in_blocks;
 use crate::backend::TransferMemory;
 
-use super::device::cuda_error;
+use super::driver::cuda_error;
 
 /// Blocks are lent in powers of two from this size up, so that outputs of
 /// slightly different sizes reuse each other's blocks.

@@ -10,8 +10,8 @@ use datafusion::common::exec_err;
 use datafusion::error::Result;
 
 use super::column::CudaColumn;
+use super::launch::{Arg, CudaBackend};
 use super::memory::DeviceBuffer;
-use super::{Arg, CudaBackend};
 use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Transformed, radix_pass_count};
 use crate::keys::NormalizedKey;
 
@@ -24,8 +24,6 @@ const COUNTED_PASSES: usize = 4;
 /// Blocks of the digit count kernel: enough to fill the device, few enough
 /// that their global atomics stay cheap.
 const COUNT_BLOCKS: usize = 1024;
-/// The radix scatter kernels, whose shared memory bounds their occupancy.
-pub(super) const SCATTER_KERNELS: [&str; 2] = ["radix_scatter_u32", "radix_scatter_u64"];
 /// Tells the radix kernels to take digits of the key rather than of its
 /// partition id (SORT_BY_KEY in common.cuh).
 const SORT_BY_KEY: u32 = u32::MAX;

@@ -19,8 +19,7 @@ use datafusion::error::Result;
 use datafusion::physical_plan::collect;
 use datafusion::prelude::SessionContext;
 
-use crate::GpuJoinContextExt;
-use crate::exec::run_blocking;
+use datafusion_gpu_join::GpuJoinContextExt;
 
 /// Registers a table generated in parts as an in-memory table with one
 /// partition per part.
@@ -56,7 +55,9 @@ pub async fn pin_tables(ctx: &SessionContext) -> Result<()> {
         let table = ctx.table(name.as_str()).await?;
         let table_schema = Arc::clone(table.schema().inner());
         let (pinning, partitions) = (ctx.clone(), table.collect_partitioned().await?);
-        let pinned = run_blocking("pinning a table", move || pinning.gpu_join_pin_batches(partitions)).await?;
+        let pinned = tokio::task::spawn_blocking(move || pinning.gpu_join_pin_batches(partitions))
+            .await
+            .map_err(|e| exec_datafusion_err!("pinning table {name}: {e}"))??;
         ctx.deregister_table(name.as_str())?;
         ctx.register_table(name.as_str(), Arc::new(MemTable::try_new(table_schema, pinned)?))?;
     }

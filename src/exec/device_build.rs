@@ -1,0 +1,86 @@
+//! A build side on the device, and DataFusion's join over its host copy for
+//! the probe rows the device cannot take.
+//!
+//! A probe chunk that runs out of device memory even alone on the device,
+//! split down to its smallest pieces, is joined by DataFusion's
+//! `HashJoinExec` over the build side's rows on the host. That operator is
+//! made once per build side, on the first such piece, and kept with the
+//! build side: its hash table is built once, however many pieces and
+//! partitions come to it, as DataFusion builds one table for every probe
+//! partition of a `CollectLeft` join.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::Count;
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::OnceCell;
+
+use super::fallback::hash_join_over;
+use super::read_ahead::ProbeSlots;
+use super::runtime::run_blocking;
+use crate::algorithms::BuildSide;
+use crate::backend::JoinBackend;
+
+/// A build side prepared on the device, shared by the probe chunks that
+/// join it.
+pub(crate) struct DeviceBuild<B: JoinBackend> {
+    side: Arc<BuildSide<B>>,
+    on_cpu: OnceCell<HostJoin>,
+}
+
+/// DataFusion's join over a build side's host copy, whose partition `p`
+/// reads what was last put in probe slot `p`.
+struct HostJoin {
+    join: Arc<dyn ExecutionPlan>,
+    probe: ProbeSlots,
+}
+
+impl<B: JoinBackend> DeviceBuild<B> {
+    pub fn new(side: BuildSide<B>) -> Self {
+        Self { side: Arc::new(side), on_cpu: OnceCell::new() }
+    }
+
+    /// The output rows of `piece`, probe rows of partition `partition` of
+    /// `twin`'s `partitions`, joined by DataFusion's operator with the
+    /// whole build side. The build side's host copy and the operator (and
+    /// with it the hash table it builds) are made on the first call, counted
+    /// in `tables`, and kept.
+    pub async fn join_on_cpu(
+        &self,
+        twin: &HashJoinExec,
+        (partitions, partition): (usize, usize),
+        piece: RecordBatch,
+        context: Arc<TaskContext>,
+        tables: &Count,
+    ) -> Result<Vec<RecordBatch>> {
+        let host = self
+            .on_cpu
+            .get_or_try_init(|| async {
+                tables.add(1);
+                let side = Arc::clone(&self.side);
+                let batch =
+                    run_blocking("assembling the build side for DataFusion's operator", move || side.whole_batch())
+                        .await?;
+                let probe = ProbeSlots::new(twin.right().schema(), partitions);
+                let join = hash_join_over(twin, &[batch], probe.plan()?, PartitionMode::CollectLeft, 0)?;
+                Ok::<_, DataFusionError>(HostJoin { join, probe })
+            })
+            .await?;
+        host.probe.put(partition, futures::stream::iter([Ok(piece)]).boxed())?;
+        host.join.execute(partition, context)?.try_collect().await
+    }
+}
+
+impl<B: JoinBackend> Deref for DeviceBuild<B> {
+    type Target = BuildSide<B>;
+
+    fn deref(&self) -> &BuildSide<B> {
+        &self.side
+    }
+}
