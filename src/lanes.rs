@@ -5,7 +5,7 @@
 //! core for their upload while the device waits, their span gathered in
 //! the same pass; on the baseline that copy took a third to a half longer
 //! than a plain copy of as many bytes, and with AVX2 the span's loop is
-//! about six times faster (docs/benchmarks.md). So that loop is compiled
+//! about six times faster. So that loop is compiled
 //! twice, and the AVX2 copy runs where the CPU has it.
 //!
 //! Not every loop gains: the key encoder's, which calls out of the closure

@@ -227,7 +227,7 @@ fn encode_and_choose<B: JoinBackend>(
 /// `planned` is handed the probe plan once the host has encoded the build
 /// side's keys and copied its columns for the upload: loading probe chunks
 /// earlier (as soon as the plan is known) took the host and the link from
-/// the build side and delayed the join's first output (docs/benchmarks.md).
+/// the build side and delayed the join's first output.
 pub fn prepare_build_side<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,

@@ -24,7 +24,7 @@ use crate::keys::{KeyExactness, verify_candidates};
 /// taken for a slice and the filter's result stay in the core's cache and
 /// come from memory the allocator reuses: slices of a million pairs, with
 /// the join's partitions filtering at once, spent much of their time
-/// faulting in fresh pages (TPC-DS Q95, docs/benchmarks.md).
+/// faulting in fresh pages (TPC-DS Q95).
 const FILTER_SLICE_ROWS: usize = 1 << 16;
 
 pub(crate) fn apply<B: JoinBackend>(

@@ -250,7 +250,7 @@ struct KeyReading {
 /// asked. Counted and yielding after every batch, sixteen tasks reading
 /// 1,024 batches in memory each wrote the same two counters and handed
 /// their workers back 1,024 times: 4.0 to 6.1 ms per task, against 3.2 to
-/// 4.0 ms counted every 50 µs (operator benchmark, docs/benchmarks.md).
+/// 4.0 ms counted every 50 µs (operator benchmark).
 const COUNT_EVERY: Duration = Duration::from_micros(50);
 
 /// Reads partition `partition` of `plan` whole, as [`collect_input`] says;
@@ -339,7 +339,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         // evaluated here, the thousands of DataFusion's batches of a large
         // build side are spread over the tasks reading them, not left to
         // its preparation, which waited 0.55 to 4 ms for them (traced in
-        // the operator benchmark, docs/benchmarks.md).
+        // the operator benchmark).
         let keep = self.definition.build_keys.iter().all(|key| key.downcast_ref::<Column>().is_some());
         let reading = KeyReading { expressions: self.definition.build_keys.clone(), keep, spans };
         let Collected { batches, keys, ranges } =

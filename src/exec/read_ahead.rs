@@ -9,8 +9,8 @@
 //! still go to DataFusion's operator (fewer than `gpu_join.min_build_rows`
 //! rows in so far): that evened TPC-H Q19, whose join goes there. In
 //! `Partitioned` mode the probe input is a hash repartition of every probe
-//! partition, and reading it ahead slowed the build sides' scan in Q12
-//! (docs/benchmarks.md); a larger build side goes to the device, which
+//! partition, and reading it ahead slowed the build sides' scan in Q12;
+//! a larger build side goes to the device, which
 //! waits for its collection. Nor where the probe input is a scan of
 //! batches already in memory: reading them costs nothing that the wait
 //! could hide, and reading them ahead took cores from the build side's
@@ -101,8 +101,8 @@ pub(super) fn handed_on_first(
 /// Whether reading `probe` ahead can hide work of its own behind the build
 /// side's collection: not where it is a scan of batches held in memory.
 /// Reading all of `catalog_sales` ahead took 2 ms from the scans that TPC-DS
-/// Q16's semi join waits for as its build side, and gave nothing back
-/// (docs/benchmarks.md); a filter or a join above such a scan is work.
+/// Q16's semi join waits for as its build side, and gave nothing back;
+/// a filter or a join above such a scan is work.
 pub(super) fn worth_reading_ahead(probe: &Arc<dyn ExecutionPlan>) -> bool {
     !probe.downcast_ref::<DataSourceExec>().is_some_and(|scan| scan.data_source().is::<MemorySourceConfig>())
 }

@@ -7,7 +7,7 @@
 //! of the rule's time in planning. They are computed one table partition
 //! per core instead, with DataFusion's own function, and merged as
 //! DataFusion merges partitions: the same numbers, and half the rule's time
-//! over TPC-DS at scale factor 10 on the H100's host (docs/benchmarks.md).
+//! over TPC-DS at scale factor 10 on the H100's host.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -102,7 +102,7 @@ impl CudaDevice {
     /// new one. Each partition of each join holds one, and creating and
     /// destroying streams takes the driver's lock: a query's joins opened
     /// theirs at once, in 0.08 ms at the median and up to 4 ms, and so
-    /// started late (TPC-DS Q61, docs/benchmarks.md).
+    /// started late (TPC-DS Q61).
     pub(crate) fn stream(self: &Arc<Self>) -> Result<PooledStream> {
         let idle = self.idle_streams.lock().ok().and_then(|mut idle| idle.pop());
         let stream = match idle {
