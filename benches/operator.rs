@@ -23,6 +23,11 @@
 //! hash join's dynamic filter lets the fact table's scan skip most of it:
 //! both sessions with the filter and without.
 //!
+//! `exploding` (only when named) runs joins whose pairs outgrow one match
+//! call: a left join of two 6,000-row tables whose keys are all equal (36
+//! million rows), and anti and semi joins of 10 million probe rows, half of
+//! one key, against 1,000 build rows of that key.
+//!
 //! Last, `passes` runs the narrow query with a device budget of half the
 //! build side's bytes, so that the build side is joined in passes, and
 //! checks its result against DataFusion's (median of 3 runs after one).
@@ -34,6 +39,7 @@
 //! GPU_JOIN_BENCH_ONLY=passes cargo bench --bench operator  # build side twice the budget
 //! GPU_JOIN_BENCH_ONLY=ordered cargo bench --bench operator # a sort-merge join's order kept
 //! GPU_JOIN_BENCH_ONLY=pruned cargo bench --bench operator  # the probe scan pruned by the build side
+//! GPU_JOIN_BENCH_ONLY=exploding cargo bench --bench operator  # joins of more pairs than a match call makes
 //! GPU_JOIN_BENCH_BATCH_ROWS=131072 cargo bench --bench operator # input batches of 131072 rows
 //! GPU_JOIN_BENCH_SETTINGS='set gpu_join.probe_chunk_rows = 4194304' \
 //!   GPU_JOIN_BENCH_GPU_ONLY=1 cargo bench --bench operator  # GPU session settings; DataFusion not timed
@@ -522,6 +528,9 @@ fn operator(c: &mut Criterion) {
     if only.split('|').any(|n| n == "pruned") {
         runtime.block_on(probe_scan_pruned(scale));
     }
+    if only.split('|').any(|n| n == "exploding") {
+        runtime.block_on(exploding_joins(scale));
+    }
     if only.is_empty() || only.split('|').any(|n| n == "passes") {
         runtime.block_on(build_twice_the_budget(build_keys, probe_keys, &settings));
     }
@@ -618,6 +627,48 @@ async fn sort_merge_order_relied_on(build_keys: Vec<i32>, probe_keys: Vec<i32>) 
     println!("| DataFusion (SortMergeJoinExec) | GPU session (GpuJoinExec in key order) | speed-up | result |");
     println!("|---|---|---|---|");
     println!("| {cpu_ms:.0} ms | {gpu_ms:.0} ms | {:.1}x | equal to DataFusion's |", cpu_ms / gpu_ms);
+}
+
+/// Joins whose pairs outgrow one match call, each query timed in both
+/// sessions (median of 5 runs after one, the sessions taking turns).
+async fn exploding_joins(scale: usize) {
+    let (equal, probe, build) = (6000 / scale.min(6000), 10_000_000 / scale, 1000);
+    let tables = [
+        format!("create table a as select 7 as k, value as p from generate_series(1, {equal})"),
+        format!("create table b as select 7 as k, value as q from generate_series(1, {equal})"),
+        format!(
+            "create table f as select case when value % 2 = 0 then 7 else value end as k, value as p \
+             from generate_series(1, {probe})"
+        ),
+        format!("create table d as select 7 as k, value as q from generate_series(1, {build})"),
+    ];
+    let (cpu, gpu) = (session_without_tables(false), session_without_tables(true));
+    for ctx in [&cpu, &gpu] {
+        for statement in &tables {
+            ctx.sql(statement).await.expect("a table").collect().await.expect("created");
+        }
+    }
+    let queries = [
+        ("left join, every key equal", "select count(*), sum(p), sum(q) from a left join b on a.k = b.k"),
+        (
+            "anti join, one key half the probe rows",
+            "select count(*) from f where not exists (select 1 from d where d.k = f.k)",
+        ),
+        (
+            "semi join, one key half the probe rows",
+            "select count(*) from d where exists (select 1 from f where f.k = d.k)",
+        ),
+    ];
+    println!(
+        "\njoins whose pairs outgrow one match call ({equal} rows a side of equal keys; {probe} probe rows, half of one key, against {build} build rows):"
+    );
+    println!("| join | DataFusion | GPU session | speed-up | result |");
+    println!("|---|---|---|---|---|");
+    for (label, query) in queries {
+        let (cpu_time, gpu_time) = checked_medians(label, &cpu, &gpu, query, 5).await;
+        let (cpu_ms, gpu_ms) = (cpu_time.as_secs_f64() * 1e3, gpu_time.as_secs_f64() * 1e3);
+        println!("| {label} | {cpu_ms:.0} ms | {gpu_ms:.0} ms | {:.1}x | equal to DataFusion's |", cpu_ms / gpu_ms);
+    }
 }
 
 /// A star join over Parquet: the fact table `f` (2^26 rows, sorted by its

@@ -42,6 +42,29 @@ __device__ void directory_search(const K* keys, u64 n, const u32* directory, u32
     if (end - start != 1) *not_one = 1;
 }
 
+// Probe rows whose code has build rows: flagged where `probe_flags` is
+// given, and their code marked seen where `seen` is.
+template <typename K>
+__device__ void directory_mark_probe(const K* keys, u64 n, const u32* directory, u32 codes, u8* seen,
+                                     u8* probe_flags) {
+    const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= n) return;
+    const K key = keys[i];
+    if (key >= (K)codes || directory[(u32)key + 1] == directory[(u32)key]) return;
+    if (seen) seen[(u32)key] = 1;
+    if (probe_flags) probe_flags[i] = 1;
+}
+
+// Build rows whose code some probe row has, flagged.
+template <typename K>
+__device__ void directory_mark_build(const K* keys, u64 n, u32 codes, const u8* seen, const u32* row_ids,
+                                     u8* build_flags) {
+    const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= n) return;
+    const K key = keys[i];
+    if (key < (K)codes && seen[(u32)key]) build_flags[row_ids ? row_ids[i] : (u32)i] = 1;
+}
+
 #define DIRECTORY_KERNELS(K)                                                                                   \
     extern "C" __global__ void directory_counts_##K(const K* keys, u64 n, u32 codes, u32* counts) {            \
         directory_counts<K>(keys, n, codes, counts);                                                         \
@@ -49,6 +72,14 @@ __device__ void directory_search(const K* keys, u64 n, const u32* directory, u32
     extern "C" __global__ void directory_search_##K(const K* keys, u64 n, const u32* directory, u32 codes,    \
                                                     u32* lower, u64* counts, u32* not_one) {                 \
         directory_search<K>(keys, n, directory, codes, lower, counts, not_one);                              \
+    }                                                                                                        \
+    extern "C" __global__ void directory_mark_probe_##K(const K* keys, u64 n, const u32* directory, u32 codes, \
+                                                        u8* seen, u8* probe_flags) {                         \
+        directory_mark_probe<K>(keys, n, directory, codes, seen, probe_flags);                               \
+    }                                                                                                        \
+    extern "C" __global__ void directory_mark_build_##K(const K* keys, u64 n, u32 codes, const u8* seen,      \
+                                                        const u32* row_ids, u8* build_flags) {               \
+        directory_mark_build<K>(keys, n, codes, seen, row_ids, build_flags);                                 \
     }
 
 DIRECTORY_KERNELS(u32)

@@ -579,6 +579,74 @@ extern "C" __global__ void merge_expand(const u64* offsets, u32 probe_rows, cons
     }
 }
 
+// ---- marks: the rows with a match flagged, no pairs made ----
+//
+// Semi, anti and mark joins without a join filter ask only which rows have
+// a match. A hash mark streams a unit's probe rows through the piece's
+// table as the match does; a probe row stops at its first match unless
+// build rows are flagged too. Sorted and directory marks look each row's
+// key up among the other side's: no pairs, so no count of them to bound.
+
+// Table slots whose first walker a hash mark remembers: every piece's table
+// has at most this many (pieces are sized to a shared-memory table).
+#define WALKED_SLOTS 8192
+
+template <typename K, bool KEPT>
+__device__ void hash_mark(const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,
+                          const WorkUnit* units, const u32* build_row_ids, const u32* probe_row_ids,
+                          u8* build_flags, u8* probe_flags) {
+    extern __shared__ u64 shared_words[];
+    __shared__ u32 equal_keys;
+    // Where a key's walk first matches: set by the first probe row of the
+    // unit that walks that key, which flags every build row of the key, so
+    // that the unit's other probe rows of the key need not walk again.
+    __shared__ u32 walked[WALKED_SLOTS / 32];
+    for (u32 w = threadIdx.x; w < WALKED_SLOTS / 32; w += BLOCK) walked[w] = 0;
+    const WorkUnit unit = units[blockIdx.x];
+    const Piece piece = pieces[unit.piece];
+    bool repeated;
+    const Table<K> table = piece_table<K, KEPT>(piece, build_keys, tables, shared_words, &equal_keys, repeated);
+    const bool remember = table.mask < WALKED_SLOTS;
+    for (u32 probe = unit.probe_begin + threadIdx.x; probe < unit.probe_end; probe += BLOCK) {
+        const K key = probe_keys[probe];
+        u32 slot = slot_hash(key) & table.mask;
+        bool matched = false;
+        for (;;) {
+            const u32 at = slot;
+            u32 build = 0;
+            const u32 state = table.step(key, slot, build);
+            if (state == 0) break;
+            if (state != 1) continue;
+            if (build_flags == nullptr) {
+                matched = true;
+                break;
+            }
+            if (!matched && remember && (atomicOr(&walked[at / 32], 1u << (at % 32)) & (1u << (at % 32)))) {
+                matched = true;
+                break;
+            }
+            matched = true;
+            build_flags[output_position(build, build_row_ids)] = 1;
+        }
+        if (matched && probe_flags != nullptr) probe_flags[output_position(probe, probe_row_ids)] = 1;
+    }
+}
+
+// Flags each of the `rows` sorted keys that the `n` sorted keys `others`
+// hold, by a binary search per row.
+template <typename K>
+__device__ void mark_sorted(const K* keys, u32 rows, const K* others, u32 n, const u32* row_ids, u8* flags) {
+    const u32 i = blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= rows) return;
+    const K key = keys[i];
+    u32 low = 0, high = n;
+    while (low < high) {
+        const u32 middle = low + (high - low) / 2;
+        if (others[middle] < key) low = middle + 1; else high = middle;
+    }
+    if (low < n && others[low] == key) flags[output_position(i, row_ids)] = 1;
+}
+
 #define HASH_MATCH_KERNELS(K, MODE, KEPT)                                                                    \
     extern "C" __global__ void __launch_bounds__(BLOCK) hash_first_##MODE##_##K(                             \
         const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,                   \
@@ -594,6 +662,13 @@ extern "C" __global__ void merge_expand(const u64* offsets, u32 probe_rows, cons
         const u32* unit_written) {                                                                           \
         hash_second<K, KEPT>(pieces, tables, build_keys, probe_keys, units, build_row_ids, probe_row_ids,    \
                              direct_build, direct_probe, out_build, out_probe, unit_offsets, unit_written);  \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(BLOCK) hash_mark_##MODE##_##K(                              \
+        const Piece* pieces, const u64* tables, const K* build_keys, const K* probe_keys,                   \
+        const WorkUnit* units, const u32* build_row_ids, const u32* probe_row_ids, u8* build_flags,          \
+        u8* probe_flags) {                                                                                   \
+        hash_mark<K, KEPT>(pieces, tables, build_keys, probe_keys, units, build_row_ids, probe_row_ids,      \
+                           build_flags, probe_flags);                                                        \
     }
 
 #define MATCH_KERNELS(K)                                                                                     \
@@ -611,6 +686,10 @@ extern "C" __global__ void merge_expand(const u64* offsets, u32 probe_rows, cons
         const K* needles, u32 n, const K* build, u32 m, u32 bias, const u32* splits, u32* bounds,            \
         const u32* lower, u64* counts, u32* not_one) {                                                       \
         merge_search<K>(needles, n, build, m, bias, splits, bounds, lower, counts, not_one);                 \
+    }                                                                                                        \
+    extern "C" __global__ void mark_sorted_##K(const K* keys, u32 rows, const K* others, u32 n,               \
+                                               const u32* row_ids, u8* flags) {                              \
+        mark_sorted<K>(keys, rows, others, n, row_ids, flags);                                               \
     }
 
 MATCH_KERNELS(u32)

@@ -16,3 +16,7 @@ impl Element for u64 {}
 pub(crate) fn value_width(data_type: &DataType) -> Option<usize> {
     data_type.primitive_width().filter(|_| data_type.is_primitive())
 }
+
+/// The most values one Arrow array with 32-bit offsets holds: bytes of a
+/// string or binary array, child values of a list or map.
+pub const MAX_ARRAY_VALUES: usize = i32::MAX as usize;

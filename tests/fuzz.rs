@@ -29,6 +29,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::{AlgorithmChoice, MaterializationChoice};
 use datafusion_gpu_join::exec::ReplacedOperator;
+use datafusion_gpu_join::testing::JoinLimits;
 use datafusion_gpu_join::{GpuJoinExec, GpuJoinRule};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -185,6 +186,10 @@ struct Case {
     /// The GPU join's inputs kept in the backend's pinned memory
     /// (`gpu_join_pin_batches`), read there without a copy.
     pinned: bool,
+    /// Smaller limits of pairs per match call and of values per output
+    /// array, so that small inputs are joined in pieces and their output
+    /// cut into several batches, as huge ones are.
+    limits: Option<JoinLimits>,
     left: (SchemaRef, Vec<Vec<RecordBatch>>),
     right: (SchemaRef, Vec<Vec<RecordBatch>>),
 }
@@ -196,7 +201,7 @@ impl std::fmt::Debug for Case {
         write!(
             f,
             "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={} (compared {}, on backend {}), \
-             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, {} build rows, {} probe rows",
+             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, limits {:?}, {} build rows, {} probe rows",
             self.seed,
             self.seed,
             self.join_type,
@@ -215,14 +220,16 @@ impl std::fmt::Debug for Case {
             self.probe_chunk_rows,
             self.probe_device_gather_ratio,
             self.pinned,
+            self.limits,
             rows(&self.left),
             rows(&self.right),
         )
     }
 }
 
-/// Logical keys: a small domain so that keys repeat, sometimes one heavy
-/// hitter (skew), and nulls at a random rate.
+/// Logical keys: a small domain so that keys repeat (a domain of one: every
+/// key equal), sometimes one heavy hitter (skew), and nulls at a random
+/// rate.
 fn logical_keys(rng: &mut StdRng, rows: usize, domain: i64, skewed: bool, null_rate: f64) -> Vec<Option<i64>> {
     (0..rows)
         .map(|_| {
@@ -288,7 +295,7 @@ fn random_case(seed: u64) -> Case {
     let key_kind = *KEY_KINDS.choose(&mut rng).expect("non-empty");
     let size = |rng: &mut StdRng| *[0, 1, 7, 33, 100, 257].choose(rng).expect("non-empty") + rng.random_range(0..3);
     let (build_rows, probe_rows) = (size(&mut rng), size(&mut rng));
-    let domain = *[2, 10, 60, 1000].choose(&mut rng).expect("non-empty");
+    let domain = *[1, 2, 10, 60, 1000].choose(&mut rng).expect("non-empty");
     let collect_left = rng.random_bool(0.6);
     let partitions = rng.random_range(1..=4);
     let single_key = !matches!(key_kind, KeyKind::Int16AndInt32 | KeyKind::Int32AndUtf8);
@@ -337,6 +344,10 @@ fn random_case(seed: u64) -> Case {
         probe_device_gather_ratio: *[0.0, 0.25, f64::INFINITY].choose(&mut rng).expect("non-empty"),
         build_on_datafusion: rng.random_bool(0.25),
         pinned: rng.random_bool(0.3),
+        limits: rng.random_bool(0.3).then(|| JoinLimits {
+            pairs: *[1, 40, 1000].choose(&mut rng).expect("non-empty"),
+            array_values: *[1, 30, 1 << 20].choose(&mut rng).expect("non-empty"),
+        }),
         left,
         right,
     }
@@ -445,7 +456,10 @@ async fn run_case(case: &Case) -> Result<(), String> {
         false => hash_join(case),
     };
     let gpu = GpuJoinExec::try_new(&join, backend, &options, ReplacedOperator::HashJoin).map_err(|e| e.to_string())?;
-    let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
+    let mut config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
+    if let Some(limits) = case.limits {
+        config = config.with_extension(Arc::new(limits));
+    }
     let task = SessionContext::new_with_config(config).task_ctx();
     let expected =
         collect(Arc::new(reference), Arc::clone(&task)).await.map_err(|e| format!("HashJoinExec failed: {e}"))?;
@@ -560,7 +574,10 @@ async fn run_ordered_case(case: &Case, rng: &mut StdRng) -> Result<bool, String>
     let mut gpu_options = test_options();
     gpu_options.materialization = case.materialization;
     gpu_options.probe_device_gather_ratio = case.probe_device_gather_ratio;
-    let config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(gpu_options);
+    let mut config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(gpu_options);
+    if let Some(limits) = case.limits {
+        config = config.with_extension(Arc::new(limits));
+    }
     let smj = Arc::new(sort_merge_join(case, &options).map_err(|e| e.to_string())?);
     let promised = smj.properties().output_ordering().cloned();
     let plan = GpuJoinRule.optimize(smj, config.options()).map_err(|e| format!("the rule failed: {e}"))?;

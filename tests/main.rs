@@ -7,6 +7,7 @@ mod common;
 
 mod dynamic_filters;
 mod fuzz;
+mod huge_outputs;
 mod kernels;
 mod layers;
 mod plans;

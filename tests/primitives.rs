@@ -18,8 +18,8 @@ use arrow::datatypes::{DataType, TimeUnit};
 use datafusion_gpu_join::backend::cpu::CpuBackend;
 use datafusion_gpu_join::backend::cuda::CudaBackend;
 use datafusion_gpu_join::backend::{
-    BackendHandle, Candidates, Comparison, DeviceCounters, JoinBackend, Layout, MAX_CANDIDATES, NULL_POSITION,
-    PartitionSpec, SortSpec, Space, Transformed,
+    BackendHandle, Candidates, Comparison, DeviceCounters, JoinBackend, Layout, MAX_CANDIDATES, MatchFlags,
+    NULL_POSITION, PartitionSpec, SortSpec, Space, Transformed,
 };
 use datafusion_gpu_join::keys::{NormalizedKey, RawCodes};
 use rand::rngs::StdRng;
@@ -213,6 +213,63 @@ fn matches_as_rows<B: JoinBackend, K: NormalizedKey>(
     pairs
 }
 
+/// The build and probe rows that have a match, as the pairs say: sorted
+/// original rows of each side.
+fn rows_with_a_match(pairs: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let side = |row: fn(&(u32, u32)) -> u32| {
+        let mut rows: Vec<u32> = pairs.iter().map(row).collect();
+        rows.par_sort_unstable();
+        rows.dedup();
+        rows
+    };
+    (side(|p| p.0), side(|p| p.1))
+}
+
+/// The rows `flags` set, as original rows: positions mapped by the
+/// relation's row ids where the flags are in its transformed space.
+fn flagged_rows<B: JoinBackend>(backend: &B, flags: Option<B::Flags>, row_ids: Option<&[u32]>) -> Vec<u32> {
+    let Some(flags) = flags else {
+        return vec![];
+    };
+    let set = backend.download_flags(&flags).unwrap();
+    let mut rows: Vec<u32> =
+        (0..set.len() as u32).filter(|&i| set[i as usize]).map(|i| row_ids.map_or(i, |ids| ids[i as usize])).collect();
+    rows.par_sort_unstable();
+    rows
+}
+
+/// Which sides a mark flags: build rows, probe rows, or both.
+const MARKED_SIDES: [(bool, bool); 3] = [(true, false), (false, true), (true, true)];
+
+/// The rows of each side with a match, as the layout's mark flags them
+/// without pairs: hash tables (`tables`, or built for this mark) or a
+/// sorted search; empty for a side not marked.
+fn marks_as_rows<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    tables: Option<&B::HashTables>,
+    probe: &Transformed<B, K>,
+    spaces: (Space, Space),
+    (mark_build, mark_probe): (bool, bool),
+) -> (Vec<u32>, Vec<u32>) {
+    let build_flags = mark_build.then(|| backend.new_flags(build.rows).unwrap());
+    let probe_flags = mark_probe.then(|| backend.new_flags(probe.rows).unwrap());
+    let flags = MatchFlags { build: build_flags.as_ref(), probe: probe_flags.as_ref() };
+    match (build.layout, tables) {
+        (Layout::Partitioned(_), Some(tables)) => backend.hash_mark(build, tables, probe, spaces, flags).unwrap(),
+        (Layout::Partitioned(_), None) => {
+            backend.hash_mark(build, &backend.hash_tables(build).unwrap(), probe, spaces, flags).unwrap()
+        }
+        (Layout::Sorted(_), _) => backend.merge_mark(build, probe, spaces, flags).unwrap(),
+    }
+    let ids = |relation: &Transformed<B, K>, space: Space| match space {
+        Space::Original => None,
+        Space::Transformed => Some(backend.download(relation.row_ids.as_ref().unwrap()).unwrap()),
+    };
+    let (build_ids, probe_ids) = (ids(build, spaces.0), ids(probe, spaces.1));
+    (flagged_rows(backend, build_flags, build_ids.as_deref()), flagged_rows(backend, probe_flags, probe_ids.as_deref()))
+}
+
 /// The definition of a directory: entry `c` counts the build keys below
 /// code `c` (unmatchable keys are above every code).
 fn expected_directory<K: NormalizedKey>(build: &[K], codes: u32) -> Vec<u32> {
@@ -261,11 +318,26 @@ fn check_directory_match<B: JoinBackend, K: NormalizedKey>(
             });
             let mut pairs: Vec<(u32, u32)> = build_rows.zip(probe).collect();
             pairs.par_sort_unstable();
-            assert!(
-                pairs == expected_matches(build_keys, probe_keys),
-                "{what}, {} probe rows, {space:?}: directory matches differ",
-                probe_keys.len()
-            );
+            let expected = expected_matches(build_keys, probe_keys);
+            assert!(pairs == expected, "{what}, {} probe rows, {space:?}: directory matches differ", probe_keys.len());
+            let (build_matched, probe_matched) = rows_with_a_match(&expected);
+            for (mark_build, mark_probe) in MARKED_SIDES {
+                let build_flags = mark_build.then(|| tested.new_flags(build.rows).unwrap());
+                let probe_flags = mark_probe.then(|| tested.new_flags(probe_keys.len()).unwrap());
+                let flags = MatchFlags { build: build_flags.as_ref(), probe: probe_flags.as_ref() };
+                tested.directory_mark(build, &directory, &keys, space, flags).unwrap();
+                let build_ids = matches!(space, Space::Transformed).then_some(row_ids.as_slice());
+                let marked = (flagged_rows(tested, build_flags, build_ids), flagged_rows(tested, probe_flags, None));
+                let expected = (
+                    if mark_build { build_matched.clone() } else { vec![] },
+                    if mark_probe { probe_matched.clone() } else { vec![] },
+                );
+                assert!(
+                    marked == expected,
+                    "{what}, {} probe rows, {space:?}, marking ({mark_build}, {mark_probe}): directory marks differ",
+                    probe_keys.len()
+                );
+            }
         }
     }
 }
@@ -332,6 +404,7 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
                     if !large {
                         spaces.push((Space::Transformed, Space::Original));
                     }
+                    let (build_matched, probe_matched) = rows_with_a_match(&expected);
                     for spaces in spaces {
                         let actual = matches_as_rows(&tested, &build, tables.as_ref(), &probe, spaces);
                         assert!(
@@ -341,6 +414,17 @@ fn check_transform_and_match<B: JoinBackend, K: NormalizedKey>(device: &B::Devic
                             actual.len(),
                             expected.len()
                         );
+                        for sides in MARKED_SIDES {
+                            let (build_rows, probe_rows) =
+                                marks_as_rows(&tested, &build, tables.as_ref(), &probe, spaces, sides);
+                            let expected_build = if sides.0 { build_matched.clone() } else { vec![] };
+                            let expected_probe = if sides.1 { probe_matched.clone() } else { vec![] };
+                            assert!(
+                                build_rows == expected_build && probe_rows == expected_probe,
+                                "{what}, {} probe rows, {spaces:?}, marking {sides:?}: rows with a match differ",
+                                probe_keys.len()
+                            );
+                        }
                     }
                 }
             }

@@ -14,7 +14,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::common::{
-    datafusion_context, gpu_context, run, sorted_rows, test_backend, test_backend_choice, test_options,
+    datafusion_context, gpu_context, join_metrics, run, sorted_rows, test_backend, test_backend_choice, test_options,
 };
 use datafusion_gpu_join::config::BackendChoice;
 use datafusion_gpu_join::testing::InjectedAllocationFailures;
@@ -190,15 +190,6 @@ fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
         true => Some(Arc::clone(plan)),
         false => plan.children().into_iter().find_map(find_join),
     }
-}
-
-/// Metrics of the query's first GPU join, by name, from EXPLAIN ANALYZE.
-async fn join_metrics<const N: usize>(ctx: &SessionContext, query: &str, names: [&str; N]) -> [Option<usize>; N] {
-    let text = sorted_rows(&run(ctx, &format!("explain analyze {query}")).await).join("\n");
-    names.map(|name| {
-        let at = text.find(&format!("{name}="))? + name.len() + 1;
-        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-    })
 }
 
 /// Runs every query with `setting`, in both partition modes, and checks

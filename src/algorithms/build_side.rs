@@ -13,7 +13,7 @@ use datafusion::error::Result;
 use super::JoinDefinition;
 use super::choice::{self, Choice};
 use super::host_rows::HostRows;
-use super::materialize::output_batch;
+use super::materialize::{OutputLimits, output_batches};
 use super::phases::{PhaseTimers, transform_build};
 use super::semantics::{ProbeSummary, build_side_rows};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, filter_columns, has_host_columns, upload_columns};
@@ -298,12 +298,16 @@ pub fn finish_build_side<B: JoinBackend>(
     definition: &JoinDefinition,
     build: &BuildSide<B>,
     timers: &PhaseTimers,
-) -> Result<Option<RecordBatch>> {
+    limits: OutputLimits,
+) -> Result<Vec<RecordBatch>> {
     let Some(visited) = &build.visited else {
-        return Ok(None);
+        return Ok(vec![]);
     };
     let _timer = timers.materialize.timer();
     let view = build.view();
     let rows = build_side_rows(backend, definition, &view, visited, build.rows(), build.plan.null_aware.summary())?;
-    rows.map(|rows| output_batch(backend, definition, &rows, &view, None)).transpose()
+    match rows {
+        Some(rows) => output_batches(backend, definition, &rows, &view, None, limits.array_values),
+        None => Ok(vec![]),
+    }
 }

@@ -6,7 +6,7 @@ use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 
 use super::pair_filter::PairFilter;
 use crate::config::{AlgorithmChoice, MaterializationChoice, ProbeOrderChoice};
-use crate::keys::RawKeys;
+use crate::keys::{KeyExactness, RawKeys};
 
 /// Probe chunks of up to this many rows keep probe order under
 /// `gpu_join.keep_probe_order = auto`.
@@ -169,6 +169,29 @@ impl JoinDefinition {
     /// that keep the probe side, mark joins that mark it).
     pub(crate) fn emits_every_probe_row(&self) -> bool {
         matches!(self.join_type, JoinType::Right | JoinType::Full | JoinType::RightMark)
+    }
+
+    /// Whether a probe chunk needs only to know which rows have a match,
+    /// so that no pairs are made: semi, anti and mark joins without a join
+    /// filter, whose keys match exactly as encoded (hashed keys are
+    /// verified pair by pair).
+    pub(crate) fn needs_no_pairs(&self, exactness: KeyExactness) -> bool {
+        let flags_only = matches!(
+            self.join_type,
+            JoinType::LeftSemi
+                | JoinType::LeftAnti
+                | JoinType::LeftMark
+                | JoinType::RightSemi
+                | JoinType::RightAnti
+                | JoinType::RightMark
+        );
+        flags_only && self.filter.is_none() && exactness == KeyExactness::Exact
+    }
+
+    /// Whether the probe rows with a match are flagged per chunk: the
+    /// joins that emit probe rows by whether they matched.
+    pub(crate) fn flags_probe_rows(&self) -> bool {
+        matches!(self.join_type, JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark)
     }
 
     /// Whether build rows must be tracked across probe chunks: joins that

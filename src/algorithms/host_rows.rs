@@ -6,7 +6,8 @@
 //! few rows match so moves and copies only its keys and the matched rows'
 //! values, not every row's.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayData, ArrayRef, UInt32Array, make_array, new_empty_array, new_null_array};
 use arrow::buffer::MutableBuffer;
@@ -17,7 +18,9 @@ use datafusion::common::internal_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use crate::arrays::{concat_arrays, concat_record_batches, copy_values, copy_values_in_parallel, interleave_arrays};
+use crate::arrays::{
+    concat_arrays, concat_record_batches, copy_values, copy_values_in_parallel, interleave_arrays, value_offsets,
+};
 use crate::backend::{JoinBackend, value_width};
 
 /// A side's rows on the host (the build side, or a probe chunk). Cloned in
@@ -39,6 +42,9 @@ pub struct HostRows {
     /// Per column of the schema: the column whole, for the columns the
     /// join may move to the backend; the others are taken from `parts`.
     whole: Vec<Option<ArrayRef>>,
+    /// Per column of the schema: its longest value among the parts (bytes
+    /// of a string, values of a list), found when first asked.
+    longest: Arc<[OnceLock<usize>]>,
 }
 
 impl HostRows {
@@ -60,7 +66,8 @@ impl HostRows {
                 part
             })
             .collect();
-        Self { schema, parts: parts.into(), starts: starts.into(), block_parts, rows, whole }
+        let longest = schema.fields().iter().map(|_| OnceLock::new()).collect();
+        Self { schema, parts: parts.into(), starts: starts.into(), block_parts, rows, whole, longest }
     }
 
     /// The same rows with exactly `columns` whole: those not whole yet
@@ -148,6 +155,23 @@ impl HostRows {
         }
     }
 
+    /// The longest value of column `index` (bytes of a string or binary,
+    /// values of a list or map) among the side's rows; 0 for columns of
+    /// other types, which hold no values behind offsets.
+    pub(crate) fn longest_value(&self, index: usize) -> usize {
+        let Some(longest) = self.longest.get(index) else {
+            return 0;
+        };
+        *longest.get_or_init(|| {
+            self.parts
+                .par_iter()
+                .filter_map(|part| value_offsets(part.column(index).as_ref()))
+                .map(|offsets| offsets.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0))
+                .max()
+                .unwrap_or(0)
+        })
+    }
+
     /// The schema's field of column `index`.
     fn field(&self, index: usize) -> Result<&FieldRef> {
         match self.schema.fields().get(index) {
@@ -208,19 +232,50 @@ impl<'a> TakenRows<'a> {
 
     /// Column `index` at the rows, null where a row is null.
     pub fn column(&mut self, index: usize) -> Result<ArrayRef> {
+        self.column_in(index, 0..self.rows.len())
+    }
+
+    /// Column `index` at the rows `within` of those taken.
+    pub fn column_in(&mut self, index: usize, within: Range<usize>) -> Result<ArrayRef> {
         let host = self.host;
+        let rows = match within.len() == self.rows.len() {
+            true => self.rows.clone(),
+            false => self.rows.slice(within.start, within.len()),
+        };
         if let Some(column) = host.whole_column(index) {
-            return Ok(take(column.as_ref(), &self.rows, None)?);
+            return Ok(take(column.as_ref(), &rows, None)?);
         }
         if let [part] = &host.parts[..] {
-            return Ok(take(part.column(index).as_ref(), &self.rows, None)?);
+            return Ok(take(part.column(index).as_ref(), &rows, None)?);
         }
         let field = host.field(index)?;
         let located = self.located.get_or_insert_with(|| host.locate(&self.rows));
-        let padding = (self.rows.null_count() > 0).then(|| new_null_array(field.data_type(), 1));
+        let padding = (rows.null_count() > 0).then(|| new_null_array(field.data_type(), 1));
         let mut arrays: Vec<&dyn Array> = host.parts.iter().map(|p| p.column(index).as_ref()).collect();
         arrays.extend(padding.as_deref());
-        interleave_arrays(&arrays, located)
+        interleave_arrays(&arrays, &located[within])
+    }
+
+    /// The length of column `index`'s value at each row taken (bytes of a
+    /// string, values of a list), 0 where a row is null or the column
+    /// holds no values behind offsets.
+    pub fn value_lengths(&mut self, index: usize) -> Vec<usize> {
+        let host = self.host;
+        let length = |array: &ArrayRef, row: usize| {
+            value_offsets(array.as_ref()).map_or(0, |offsets| (offsets[row + 1] - offsets[row]) as usize)
+        };
+        if let Some(column) = host.whole_column(index) {
+            return self.rows.iter().map(|row| row.map_or(0, |row| length(column, row as usize))).collect();
+        }
+        let located = self.located.get_or_insert_with(|| host.locate(&self.rows));
+        let padding = host.parts.len();
+        located
+            .iter()
+            .map(|&(part, row)| match part == padding {
+                true => 0,
+                false => length(host.parts[part].column(index), row),
+            })
+            .collect()
     }
 }
 

@@ -6,7 +6,7 @@ use datafusion::error::Result;
 use datafusion::physical_plan::metrics::Time;
 
 use super::Algorithm;
-use crate::backend::{Candidates, JoinBackend, Layout, PartitionSpec, Space, Transformed};
+use crate::backend::{Candidates, JoinBackend, Layout, MatchFlags, PartitionSpec, Space, Transformed};
 use crate::keys::{KeyEncoder, NormalizedKey};
 
 /// Where the time of a join goes, phase by phase.
@@ -94,5 +94,38 @@ pub(crate) fn find_matches<B: JoinBackend, K: NormalizedKey>(
             None => internal_err!("a partitioned build side without hash tables"),
         },
         Layout::Sorted(_) => backend.merge_match(build, probe, spaces),
+    }
+}
+
+/// Flags the rows with a match, without making pairs, the way
+/// [`find_matches`] would pair them.
+pub(crate) fn mark_matches<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    probe: &Transformed<B, K>,
+    spaces: (Space, Space),
+    flags: MatchFlags<'_, B>,
+) -> Result<()> {
+    match build.layout {
+        Layout::Partitioned(_) => match &build.hash_tables {
+            Some(tables) => backend.hash_mark(build, tables, probe, spaces, flags),
+            None => internal_err!("a partitioned build side without hash tables"),
+        },
+        Layout::Sorted(_) => backend.merge_mark(build, probe, spaces, flags),
+    }
+}
+
+/// Flags the rows with a match, without making pairs, the way
+/// [`find_directory_matches`] would pair them.
+pub(crate) fn mark_directory_matches<B: JoinBackend, K: NormalizedKey>(
+    backend: &B,
+    build: &Transformed<B, K>,
+    probe_keys: &B::Vector<K>,
+    build_space: Space,
+    flags: MatchFlags<'_, B>,
+) -> Result<()> {
+    match &build.directory {
+        Some(directory) => backend.directory_mark(build, directory, probe_keys, build_space, flags),
+        None => internal_err!("a directory mark of a build side without a directory"),
     }
 }

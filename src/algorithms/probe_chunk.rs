@@ -14,14 +14,16 @@ use datafusion::error::Result;
 use super::JoinDefinition;
 use super::build_side::{BuildSide, KeyedRelation, ProbePlan, needs_row_ids};
 use super::host_rows::HostRows;
-use super::materialize::{output_batch, probe_rows_passed_through};
-use super::phases::{PhaseTimers, find_directory_matches, find_matches, transform_probe};
+use super::materialize::{OutputLimits, output_batches, probe_rows_passed_through};
+use super::phases::{
+    PhaseTimers, find_directory_matches, find_matches, mark_directory_matches, mark_matches, transform_probe,
+};
 use super::probe_columns::{ProbeColumns, ProbeOutput, upload_pays};
 use super::residual;
-use super::semantics::{each_probe_row_once, resolve_in_key_order, resolve_probe_chunk};
+use super::semantics::{each_probe_row_once, resolve_from_flags, resolve_in_key_order, resolve_probe_chunk};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, place_columns};
 use super::staged_keys::{KeyedVector, StagedKeys, probe_keys_in_place, upload_keys};
-use crate::backend::{JoinBackend, Space, Transformed, check_candidates};
+use crate::backend::{JoinBackend, MatchFlags, Space, Transformed, check_candidates_within};
 use crate::keys::{KeyExactness, NormalizedKey};
 
 /// A joined probe chunk's output.
@@ -50,8 +52,8 @@ pub struct LoadedChunk<B: JoinBackend> {
     to_transform: Vec<B::Column>,
     /// The columns the backend compares for the filter.
     filter_columns: Vec<(usize, B::Column)>,
-    /// Rows per output batch the session asks for.
-    batch_rows: usize,
+    /// How its output batches are cut.
+    limits: OutputLimits,
 }
 
 impl<B: JoinBackend> LoadedChunk<B> {
@@ -84,7 +86,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
     plan: &Arc<ProbePlan>,
     chunk: HostRows,
     columns: ProbeColumns,
-    batch_rows: usize,
+    limits: OutputLimits,
     timers: &PhaseTimers,
 ) -> Result<LoadedChunk<B>> {
     let _timer = timers.transform.timer();
@@ -113,7 +115,7 @@ pub fn load_probe_chunk<B: JoinBackend>(
         placements: vec![],
         to_transform: vec![],
         filter_columns: vec![],
-        batch_rows,
+        limits,
     };
     if definition.null_aware {
         let state = &plan.null_aware;
@@ -148,10 +150,10 @@ pub fn load_probe_chunk<B: JoinBackend>(
 
 /// Which output rows a joined chunk gives, in which order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputRows {
+pub enum Emit {
     /// The chunk's own rows; build-side rows come once every chunk is in
     /// ([`super::finish_build_side`]).
-    OfChunk,
+    ChunkRows,
     /// The whole probe side of a partition, loaded as one chunk: every
     /// output row of the partition, build-side rows included, in the build
     /// side's key order ([`JoinDefinition::key_order`]).
@@ -167,7 +169,7 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     build: &BuildSide<B>,
     chunk: LoadedChunk<B>,
     timers: &PhaseTimers,
-    output: OutputRows,
+    output: Emit,
 ) -> Result<JoinedChunk> {
     if !chunk.loaded_for(build) {
         return internal_err!("GPU join: a probe chunk was loaded for another preparation of the build side");
@@ -195,7 +197,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     chunk: &LoadedChunk<B>,
     keys: &B::Vector<K>,
     timers: &PhaseTimers,
-    output: OutputRows,
+    output: Emit,
 ) -> Result<JoinedChunk> {
     let timer = timers.transform.timer();
     let payloads: Vec<&B::Column> = chunk.to_transform.iter().collect();
@@ -215,30 +217,42 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         filter_columns: &chunk.filter_columns,
     };
     let build_space = build.choice().strategy.build_space;
-    let candidates = match &probe_relation {
-        Some(probe_relation) => find_matches(backend, build_relation, probe_relation, (build_space, chunk.space))?,
-        None => find_directory_matches(backend, build_relation, keys, build_space)?,
-    };
-    check_candidates(backend.len(&candidates.probe) as u64)?;
-    let matches =
-        residual::apply(backend, definition, build.plan.encoder.exactness(), &build_view, &probe_view, candidates)?;
-    let rows = match output {
-        OutputRows::OfChunk => resolve_probe_chunk(
-            backend,
-            definition,
-            matches,
-            chunk.rows(),
-            build.visited.as_ref(),
-            chunk.keep_probe_order,
-        )?,
-        OutputRows::AllInKeyOrder => {
-            resolve_in_key_order(backend, definition, &build_view, matches, build.visited.as_ref(), build.rows())?
+    let exactness = build.plan.encoder.exactness();
+    let rows = if output == Emit::ChunkRows && definition.needs_no_pairs(exactness) {
+        let probe_flags = definition.flags_probe_rows().then(|| backend.new_flags(chunk.rows())).transpose()?;
+        let flags = MatchFlags { build: build.visited.as_ref(), probe: probe_flags.as_ref() };
+        match &probe_relation {
+            Some(probe_relation) => {
+                mark_matches(backend, build_relation, probe_relation, (build_space, chunk.space), flags)?
+            }
+            None => mark_directory_matches(backend, build_relation, keys, build_space, flags)?,
+        }
+        resolve_from_flags(backend, definition, probe_flags.as_ref(), chunk.rows())?
+    } else {
+        let candidates = match &probe_relation {
+            Some(probe_relation) => find_matches(backend, build_relation, probe_relation, (build_space, chunk.space))?,
+            None => find_directory_matches(backend, build_relation, keys, build_space)?,
+        };
+        check_candidates_within(backend.len(&candidates.probe) as u64, backend.candidate_limit())?;
+        let matches = residual::apply(backend, definition, exactness, &build_view, &probe_view, candidates)?;
+        match output {
+            Emit::ChunkRows => resolve_probe_chunk(
+                backend,
+                definition,
+                matches,
+                chunk.rows(),
+                build.visited.as_ref(),
+                chunk.keep_probe_order,
+            )?,
+            Emit::AllInKeyOrder => {
+                resolve_in_key_order(backend, definition, &build_view, matches, build.visited.as_ref(), build.rows())?
+            }
         }
     };
     // Probe columns not placed yet need no placing if each probe row is
     // once in the output: the chunk's own columns are then the output's.
     let (rows, passed_through) = match (output, chunk.columns) {
-        (OutputRows::OfChunk, ProbeColumns::AfterMatching) if !definition.probe_output_columns().is_empty() => {
+        (Emit::ChunkRows, ProbeColumns::AfterMatching) if !definition.probe_output_columns().is_empty() => {
             each_probe_row_once(backend, rows, chunk.rows())?
         }
         _ => (rows, false),
@@ -248,7 +262,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     let _timer = timers.materialize.timer();
     if passed_through {
         let batches =
-            probe_rows_passed_through(backend, definition, &rows, &build_view, &chunk.chunk, chunk.batch_rows)?;
+            probe_rows_passed_through(backend, definition, &rows, &build_view, &chunk.chunk, chunk.limits.batch_rows)?;
         return Ok(JoinedChunk { batches, probe_columns: ProbeOutput::PassedThrough });
     }
     let placed = match chunk.columns {
@@ -259,12 +273,13 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         Some(placed) => SideView { placements: &placed.placements, ..probe_view },
         None => probe_view,
     };
-    let batch = output_batch(backend, definition, &rows, &build_view, Some(&probe_view))?;
+    let batches =
+        output_batches(backend, definition, &rows, &build_view, Some(&probe_view), chunk.limits.array_values)?;
     let probe_columns = match placed.is_some_and(|placed| placed.on_host) {
         true => ProbeOutput::TakenOnHost,
         false => ProbeOutput::Gathered,
     };
-    Ok(JoinedChunk { batches: vec![batch], probe_columns })
+    Ok(JoinedChunk { batches, probe_columns })
 }
 
 /// The placements of a probe chunk's output columns once the chunk's

@@ -102,6 +102,32 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
     Ok(rows)
 }
 
+/// The output rows one probe chunk settles where a match flagged the rows
+/// with a match and made no pairs ([`JoinDefinition::needs_no_pairs`]):
+/// build-side joins emit their rows at the end, from the visited flags;
+/// probe-side ones emit the probe rows `probe_flags` says, which come in
+/// ascending positions, so in probe order where the positions are original
+/// rows.
+pub(crate) fn resolve_from_flags<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    probe_flags: Option<&B::Flags>,
+    probe_rows: usize,
+) -> Result<OutputRows<B>> {
+    match (definition.join_type, probe_flags) {
+        (JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark, _) => Ok(OutputRows::empty()),
+        (JoinType::RightSemi | JoinType::RightAnti, Some(flags)) => {
+            let probe = backend.flagged(flags, definition.join_type == JoinType::RightSemi)?;
+            Ok(OutputRows::probe_only(backend, probe, None))
+        }
+        (JoinType::RightMark, Some(flags)) => {
+            let mark = backend.download_flags(flags)?;
+            Ok(OutputRows::probe_only(backend, backend.sequence(probe_rows)?, Some(mark)))
+        }
+        (join_type, _) => internal_err!("GPU join: a {join_type} join resolved from flags alone"),
+    }
+}
+
 /// `rows` reordered by probe row when each of the chunk's `probe_rows`
 /// rows is in them exactly once, as in a foreign-key join, and whether they
 /// were: the probe positions are then the chunk's rows in order (a

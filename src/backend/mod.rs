@@ -26,7 +26,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, UInt32Array};
 use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 
 pub use admission::Admission;
 pub(crate) use cache::cache_dir;
@@ -138,19 +138,41 @@ pub const MAX_RELATION_ROWS: usize = (u32::MAX - 1) as usize;
 /// partition at 2^28).
 pub const MAX_CANDIDATES: usize = 1 << 24;
 
-/// A resource error when `total` candidate pairs are more than one match
-/// call may produce.
-pub fn check_candidates(total: u64) -> Result<usize> {
-    check_candidates_within(total, MAX_CANDIDATES)
+/// A match call that would make more candidate pairs than its instance
+/// may ([`JoinBackend::candidate_limit`]): the probe rows are to be joined
+/// in smaller pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyPairs {
+    pub pairs: u64,
+    pub limit: usize,
 }
 
-/// A resource error when `total` candidate pairs are more than `limit`.
+impl std::fmt::Display for TooManyPairs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU join: a probe chunk has {} matching pairs, more than the {} joined at once",
+            self.pairs, self.limit
+        )
+    }
+}
+
+impl std::error::Error for TooManyPairs {}
+
+/// The pairs and limit of a match call that made too many, if that is
+/// what `error` says.
+pub fn too_many_pairs(error: &DataFusionError) -> Option<TooManyPairs> {
+    match error.find_root() {
+        DataFusionError::External(e) => e.downcast_ref::<TooManyPairs>().copied(),
+        _ => None,
+    }
+}
+
+/// `total` as a count of pairs, or [`TooManyPairs`] when more than `limit`.
 pub(crate) fn check_candidates_within(total: u64, limit: usize) -> Result<usize> {
     match usize::try_from(total) {
         Ok(total) if total <= limit => Ok(total),
-        _ => Err(datafusion::common::resources_datafusion_err!(
-            "GPU join: a probe chunk has {total} matching pairs, more than the {limit} joined at once"
-        )),
+        _ => Err(DataFusionError::External(Box::new(TooManyPairs { pairs: total, limit }))),
     }
 }
 
@@ -268,6 +290,14 @@ pub struct Candidates<B: JoinBackend> {
     pub probe: B::Vector<u32>,
 }
 
+/// Where a match that makes no pairs flags the rows with a match: build
+/// rows by position in the build side's space, probe rows in the probe
+/// side's. Semi, anti and mark joins without a join filter need no more.
+pub struct MatchFlags<'a, B: JoinBackend> {
+    pub build: Option<&'a B::Flags>,
+    pub probe: Option<&'a B::Flags>,
+}
+
 /// The join primitives.
 ///
 /// Every method may fail with a `DataFusionError` that names the primitive
@@ -314,6 +344,12 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     fn partition_target_rows(&self) -> usize;
     /// The bytes of backend memory the GPU join may hold, when bounded.
     fn memory_budget(&self) -> Option<u64>;
+    /// The most candidate pairs one match call of this instance makes; a
+    /// call that would make more fails with [`TooManyPairs`]. Instances
+    /// open with [`MAX_CANDIDATES`].
+    fn candidate_limit(&self) -> usize;
+    /// This instance with match calls of up to `limit` pairs.
+    fn with_candidate_limit(self, limit: usize) -> Self;
 
     // ---- moving data ----
     fn upload<T: Element>(&self, host: &[T]) -> Result<Self::Vector<T>> {
@@ -443,6 +479,40 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
         probe: &Self::Vector<K>,
         build_space: Space,
     ) -> Result<Candidates<Self>>;
+
+    /// Flags the rows that have a match within co-partitions, as
+    /// [`JoinBackend::hash_match`] pairs them, without making the pairs. A
+    /// probe row stops at its first match where no build row is flagged.
+    fn hash_mark<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        tables: &Self::HashTables,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+        flags: MatchFlags<'_, Self>,
+    ) -> Result<()>;
+
+    /// Flags the rows of two sorted relations that have a match, as
+    /// [`JoinBackend::merge_match`] pairs them, without making the pairs.
+    fn merge_mark<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+        flags: MatchFlags<'_, Self>,
+    ) -> Result<()>;
+
+    /// Flags the rows that have a match, as [`JoinBackend::directory_match`]
+    /// pairs them, without making the pairs; probe rows by the keys' own
+    /// positions.
+    fn directory_mark<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        directory: &Self::Vector<u32>,
+        probe: &Self::Vector<K>,
+        build_space: Space,
+        flags: MatchFlags<'_, Self>,
+    ) -> Result<()>;
 
     // ---- gather and compaction ----
     /// `values[positions[i]]`, and [`NULL_POSITION`] where the position is null.

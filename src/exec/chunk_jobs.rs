@@ -12,8 +12,8 @@ use super::probing::Probing;
 use super::runtime::{is_out_of_memory, run_blocking};
 use super::staging::StagedChunk;
 use crate::algorithms::{
-    HostRows, JoinedChunk, LoadedChunk, OutputRows, ProbeColumns, ProbeOutput, ProbePlan, columns_held,
-    join_loaded_chunk, load_probe_chunk,
+    Emit, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, ProbeOutput, ProbePlan, columns_held, join_loaded_chunk,
+    load_probe_chunk,
 };
 use crate::backend::JoinBackend;
 
@@ -88,10 +88,9 @@ pub(super) async fn load_chunk<B: JoinBackend>(
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let (backend, definition, timers) =
         (backend.clone(), Arc::clone(&probing.join.definition), inputs.metrics.phases.clone());
-    let plan = Arc::clone(plan);
-    let batch_rows = inputs.context.session_config().batch_size().max(1);
+    let (plan, limits) = (Arc::clone(plan), inputs.output_limits());
     run_blocking("loading a probe chunk", move || {
-        match load_probe_chunk(&backend, &definition, &plan, chunk.clone(), columns, batch_rows, &timers) {
+        match load_probe_chunk(&backend, &definition, &plan, chunk.clone(), columns, limits, &timers) {
             Ok(loaded) => Ok(Chunk::Loaded(loaded)),
             Err(e) if is_out_of_memory(&e) => Ok(Chunk::NotLoaded(chunk, e)),
             Err(e) => Err(e),
@@ -107,7 +106,7 @@ pub(super) async fn join_loaded<B: JoinBackend>(
     backend: &B,
     build: &Arc<DeviceBuild<B>>,
     loaded: LoadedChunk<B>,
-    output: OutputRows,
+    output: Emit,
 ) -> Result<JoinedChunk> {
     let inputs = probing.inputs;
     let (backend, definition, timers) =
@@ -136,7 +135,7 @@ pub(super) async fn load_and_join<B: JoinBackend>(
     build: &Arc<DeviceBuild<B>>,
     rows: HostRows,
     columns: ProbeColumns,
-    output: OutputRows,
+    output: Emit,
 ) -> Result<Vec<RecordBatch>> {
     match load_chunk(probing, backend, build.plan(), rows, columns).await? {
         Chunk::Loaded(loaded) => Ok(join_loaded(probing, backend, build, loaded, output).await?.batches),

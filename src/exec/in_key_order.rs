@@ -18,9 +18,9 @@ use super::device_build::DeviceBuild;
 use super::fallback::join_partition_on_cpu;
 use super::output::OutputSender;
 use super::probing::Probing;
-use super::runtime::{is_out_of_memory, run_blocking};
+use super::runtime::{needs_smaller_pieces, run_blocking};
 use super::staging::{ProbeStaging, held_bytes};
-use crate::algorithms::{HostRows, OutputRows, ProbeColumns};
+use crate::algorithms::{Emit, HostRows, ProbeColumns};
 use crate::backend::JoinBackend;
 
 /// Joins the whole probe side of a partition as one chunk and sends every
@@ -54,12 +54,12 @@ pub(super) async fn join_partition_in_key_order<B: JoinBackend>(
             false => probing.admitted().await?,
             true => probing.admitted_alone().await?,
         };
-        match load_and_join(probing, &backend, build, chunk.clone(), columns, OutputRows::AllInKeyOrder).await {
+        match load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder).await {
             Ok(batches) => {
                 output.send_all(batches).await?;
                 return Ok(());
             }
-            Err(e) if is_out_of_memory(&e) => {
+            Err(e) if needs_smaller_pieces(&e) => {
                 log::info!(
                     "gpu_join: a probe side of {} rows in key order ran out of device memory: {e}",
                     chunk.rows()

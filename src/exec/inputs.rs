@@ -8,6 +8,8 @@ use datafusion::physical_plan::joins::PartitionMode;
 
 use super::metrics::GpuJoinMetrics;
 use super::probe_filter::ProbeFilter;
+use crate::algorithms::OutputLimits;
+use crate::testing::JoinLimits;
 
 /// What one output partition needs to run.
 pub(crate) struct PartitionInputs {
@@ -22,4 +24,14 @@ pub(crate) struct PartitionInputs {
     pub probe_filter: Option<Arc<ProbeFilter>>,
     /// The join is the one DataFusion planned (`GpuJoinExec::reshaped`).
     pub as_planned: bool,
+    /// The limits it joins within (smaller only in tests).
+    pub limits: JoinLimits,
+}
+
+impl PartitionInputs {
+    /// How the partition's output batches are cut.
+    pub fn output_limits(&self) -> OutputLimits {
+        let batch_rows = self.context.session_config().batch_size().max(1);
+        OutputLimits { batch_rows, array_values: self.limits.array_values }
+    }
 }

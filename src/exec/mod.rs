@@ -59,6 +59,7 @@ use crate::algorithms::choice::{self, PlanStatistics, PlannedSizes, planned_size
 use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
 use crate::backend::BackendHandle;
 use crate::config::GpuJoinConfig;
+use crate::testing::JoinLimits;
 use inputs::PartitionInputs;
 use key_order::OrderedOutput;
 pub(crate) use key_order::SortMergeOrder;
@@ -420,6 +421,7 @@ impl ExecutionPlan for GpuJoinExec {
         };
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,
+            limits: JoinLimits::of(context.session_config()),
             context,
             left: Arc::clone(self.left()),
             right: Arc::clone(self.right()),

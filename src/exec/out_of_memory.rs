@@ -1,20 +1,25 @@
-//! The ladder a probe chunk climbs down when the device runs out of memory.
+//! The ladder a probe chunk climbs down when it cannot be joined whole.
 //!
 //! ```text
-//!  chunk, beside other jobs ──(out of memory, or more pairs than one match call makes)──┐
-//!                                                                                      ▼
-//!            ┌──────────────── the chunk alone on the device ◄──────────────────────────┘
-//!            │ out of memory
-//!            ▼
-//!  its halves, each alone on the device, in probe order ──(out of memory)──► their halves …
-//!            │ a piece of at most SMALLEST_RETRY_ROWS rows still out of memory
-//!            ▼
-//!  DataFusion's HashJoinExec over the build side's host copy, built once per build side
+//!  chunk, beside other jobs
+//!     │ more pairs than a match call makes             │ out of memory
+//!     ▼                                                ▼
+//!  pieces sized by its pairs per row            the chunk alone on the device
+//!     │ a piece still too many ──► its own pieces      │ out of memory
+//!     │ one row: a match call of every                 ▼
+//!     │ build row it matches                    its halves, alone, in probe order ──► their halves …
+//!     ▼                                                │ a piece of at most SMALLEST_RETRY_ROWS rows
+//!  joined on the device, piece by piece                ▼
+//!                                               DataFusion's HashJoinExec over the build side's
+//!                                               host copy, its hash table built once per build side
 //! ```
 //!
 //! Each piece's output is sent before the next piece is joined, so that
 //! the output of a chunk of a many-to-many join, which may be far larger
-//! than memory, is never held whole.
+//! than memory, is never held whole; the build side's visited flags carry
+//! from piece to piece as from chunk to chunk, so that every join type,
+//! outer, semi, anti and mark joins among them, is joined on the device
+//! however many pairs its rows make.
 
 use std::sync::Arc;
 
@@ -27,17 +32,16 @@ use super::chunk_jobs::load_and_join;
 use super::device_build::DeviceBuild;
 use super::output::OutputSender;
 use super::probing::Probing;
-use super::runtime::{is_out_of_memory, run_blocking};
-use crate::algorithms::{HostRows, OutputRows, ProbeColumns};
-use crate::backend::JoinBackend;
+use super::runtime::{needs_smaller_pieces, run_blocking};
+use crate::algorithms::{Emit, HostRows, ProbeColumns};
+use crate::backend::{JoinBackend, MAX_RELATION_ROWS, TooManyPairs, too_many_pairs};
 
 /// Below this many rows a piece that runs out of device memory is not
 /// split further but handed to DataFusion's operator.
 pub(super) const SMALLEST_RETRY_ROWS: usize = 1 << 12;
 
-/// Joins a chunk's rows alone on the device, then in halves, and below
-/// [`SMALLEST_RETRY_ROWS`] by DataFusion's operator. False when no more
-/// output is wanted.
+/// Joins a chunk's rows in pieces, as the module's ladder says. False when
+/// no more output is wanted.
 pub(super) async fn join_in_pieces<B: JoinBackend>(
     probing: &Probing<'_, B>,
     backend: &B,
@@ -47,15 +51,32 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
     output: &mut OutputSender<'_>,
 ) -> Result<bool> {
     let batch = run_blocking("assembling a probe chunk to retry", move || rows.whole_batch()).await?;
-    log::info!("gpu_join: retrying a probe chunk of {} rows alone on the device: {error}", batch.num_rows());
+    log::info!("gpu_join: joining a probe chunk of {} rows again, in pieces: {error}", batch.num_rows());
     let retries = &probing.inputs.metrics.out_of_memory_retries;
     retries.add(1);
-    let mut pending = vec![batch];
+    // Pieces are a stack: the last is joined first.
+    let mut pending = match too_many_pairs(&error) {
+        Some(too_many) => pieces_by_pairs(&batch, too_many),
+        None => vec![batch],
+    };
     while let Some(piece) = pending.pop() {
+        let rows = piece.num_rows();
+        // One probe row matches at most every build row: its match call may
+        // make that many pairs.
+        let instance = match rows {
+            1 => backend.clone().with_candidate_limit(MAX_RELATION_ROWS),
+            _ => backend.clone(),
+        };
         let permit = probing.admitted_alone().await?;
-        let rows = HostRows::whole(piece.clone());
-        let error = match load_and_join(probing, backend, build, rows, ProbeColumns::Upload, OutputRows::OfChunk).await
-        {
+        let joined = load_and_join(
+            probing,
+            &instance,
+            build,
+            HostRows::whole(piece.clone()),
+            ProbeColumns::Upload,
+            Emit::ChunkRows,
+        );
+        let error = match joined.await {
             Ok(batches) => {
                 // The device is not held while the consumer takes the output.
                 drop(permit);
@@ -64,24 +85,38 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
                 }
                 continue;
             }
-            Err(e) if is_out_of_memory(&e) => e,
+            Err(e) if needs_smaller_pieces(&e) => e,
             Err(e) => return Err(e),
         };
         drop(permit);
         retries.add(1);
-        let rows = piece.num_rows();
-        if rows <= SMALLEST_RETRY_ROWS {
-            let batches = join_on_cpu(probing, build, piece, error).await?;
-            if !output.send_all(batches).await? {
-                return Ok(false);
+        match too_many_pairs(&error) {
+            Some(too_many) if rows > 1 => pending.extend(pieces_by_pairs(&piece, too_many)),
+            _ if rows <= SMALLEST_RETRY_ROWS => {
+                let batches = join_on_cpu(probing, build, piece, error).await?;
+                if !output.send_all(batches).await? {
+                    return Ok(false);
+                }
             }
-        } else {
             // Halves in probe order: the later half is joined last.
-            pending.push(piece.slice(rows / 2, rows - rows / 2));
-            pending.push(piece.slice(0, rows / 2));
+            _ => {
+                pending.push(piece.slice(rows / 2, rows - rows / 2));
+                pending.push(piece.slice(0, rows / 2));
+            }
         }
     }
     Ok(true)
+}
+
+/// `piece` cut into consecutive pieces of a size that, at the pairs per
+/// row it made, makes about half the pairs one match call may; at least
+/// two, in reverse order for the stack of pieces. A piece of skewed rows
+/// that still makes too many is cut again by its own pairs.
+fn pieces_by_pairs(piece: &RecordBatch, too_many: TooManyPairs) -> Vec<RecordBatch> {
+    let rows = piece.num_rows();
+    let pairs_per_row = too_many.pairs as f64 / rows.max(1) as f64;
+    let piece_rows = ((too_many.limit as f64 / 2.0 / pairs_per_row) as usize).clamp(1, rows.div_ceil(2).max(1));
+    (0..rows).step_by(piece_rows).rev().map(|start| piece.slice(start, piece_rows.min(rows - start))).collect()
 }
 
 /// The output rows of `piece` from DataFusion's operator, or `error` with

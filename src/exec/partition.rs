@@ -380,14 +380,14 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         let backend = join.open_backend(Arc::clone(self.counters))?;
         let (build, definition, timers) =
             (Arc::clone(build), Arc::clone(&join.definition), inputs.metrics.phases.clone());
+        let limits = inputs.output_limits();
         let _permit = admitted(&inputs.metrics, join.admission().shared(self.options.concurrent_tasks)).await?;
         let _compute = inputs.metrics.baseline.elapsed_compute().timer();
-        let rows =
-            run_blocking("emitting build-side rows", move || finish_build_side(&backend, &definition, &build, &timers))
-                .await?;
-        if let Some(rows) = rows {
-            output.send(rows).await?;
-        }
+        let batches = run_blocking("emitting build-side rows", move || {
+            finish_build_side(&backend, &definition, &build, &timers, limits)
+        })
+        .await?;
+        output.send_all(batches).await?;
         Ok(())
     }
 }

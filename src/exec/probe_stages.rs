@@ -35,10 +35,10 @@ use super::out_of_memory::join_in_pieces;
 use super::output::OutputSender;
 use super::passes::BuildPasses;
 use super::probing::{BuildForJob, LoadPlan, Probing};
-use super::runtime::is_out_of_memory;
+use super::runtime::needs_smaller_pieces;
 use super::staging::{ProbeStaging, held_bytes};
-use crate::algorithms::{HostRows, OutputRows, ProbeColumns};
-use crate::backend::{JoinBackend, MAX_CANDIDATES, MAX_RELATION_ROWS};
+use crate::algorithms::{Emit, HostRows, ProbeColumns};
+use crate::backend::{JoinBackend, MAX_RELATION_ROWS};
 
 /// How a partition's probe stages ended.
 pub(super) enum ProbeEnd<B: JoinBackend> {
@@ -109,7 +109,7 @@ async fn assemble_chunks<B: JoinBackend>(
                 let batch = batch?;
                 probing.hold_probe(&batch)?;
                 reservation.try_grow(held_bytes(&batch))?;
-                staging.resize(policy.chunk_rows(chunk_rows, MAX_CANDIDATES));
+                staging.resize(policy.chunk_rows(chunk_rows, inputs.limits.pairs));
                 staging.push(batch)
             }
             None => {
@@ -170,8 +170,8 @@ async fn load_chunks<B: JoinBackend>(
 enum ChunkJoined<B: JoinBackend> {
     Output(Vec<RecordBatch>),
     /// Device memory ran out, or the chunk matched more pairs than one
-    /// match call makes ([`MAX_CANDIDATES`]): its rows are to be joined
-    /// again in pieces.
+    /// match call makes ([`crate::backend::TooManyPairs`]): its rows are to
+    /// be joined again in pieces.
     InPieces {
         rows: HostRows,
         error: DataFusionError,
@@ -243,9 +243,9 @@ async fn join_chunk<B: JoinBackend>(
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
             let _permit = probing.admitted().await?;
-            match join_loaded(probing, backend, build, loaded, OutputRows::OfChunk).await {
+            match join_loaded(probing, backend, build, loaded, Emit::ChunkRows).await {
                 Ok(joined) => return Ok(ChunkJoined::Output(joined.batches)),
-                Err(e) if is_out_of_memory(&e) => (chunk, e),
+                Err(e) if needs_smaller_pieces(&e) => (chunk, e),
                 Err(e) => return Err(e),
             }
         }

@@ -169,8 +169,10 @@ impl<B: JoinBackend> Probing<'_, B> {
         }
     }
 
+    /// A probe-chunk instance, its match calls within the partition's
+    /// limit of pairs.
     pub fn open_backend(&self) -> Result<B> {
-        self.join.open_backend(Arc::clone(self.counters))
+        Ok(self.join.open_backend(Arc::clone(self.counters))?.with_candidate_limit(self.inputs.limits.pairs))
     }
 
     /// A shared permit of the device's admission.

@@ -8,7 +8,7 @@ use datafusion::error::{DataFusionError, Result};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::metrics::GpuJoinMetrics;
-use crate::backend::DeviceCounters;
+use crate::backend::{DeviceCounters, too_many_pairs};
 
 /// Runs blocking join work on tokio's blocking pool, so that no backend
 /// call holds up an async worker. A panic there becomes an error.
@@ -30,6 +30,13 @@ pub(crate) fn drop_off_the_workers<T: Send + 'static>(value: T) {
 /// Whether an error says that device memory ran out.
 pub(crate) fn is_out_of_memory(error: &DataFusionError) -> bool {
     matches!(error.find_root(), DataFusionError::ResourcesExhausted(_))
+}
+
+/// Whether probe rows that failed so are to be joined again in smaller
+/// pieces: device memory ran out, or their matches were more pairs than a
+/// match call makes.
+pub(crate) fn needs_smaller_pieces(error: &DataFusionError) -> bool {
+    is_out_of_memory(error) || too_many_pairs(error).is_some()
 }
 
 /// A permit of the device's admission, its wait counted.

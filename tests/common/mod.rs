@@ -88,3 +88,12 @@ pub fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuJoinExec> {
     joins.extend(plan.downcast_ref::<GpuJoinExec>());
     joins
 }
+
+/// Metrics of the query's first GPU join, by name, from EXPLAIN ANALYZE.
+pub async fn join_metrics<const N: usize>(ctx: &SessionContext, query: &str, names: [&str; N]) -> [Option<usize>; N] {
+    let text = sorted_rows(&run(ctx, &format!("explain analyze {query}")).await).join("\n");
+    names.map(|name| {
+        let at = text.find(&format!("{name}="))? + name.len() + 1;
+        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    })
+}

@@ -5,15 +5,23 @@ use datafusion::common::internal_err;
 use datafusion::error::Result;
 use rayon::prelude::*;
 
-use super::CpuBackend;
+use super::instance::CpuBackend;
 use super::transform::bucket_offsets;
-use crate::backend::{Candidates, Layout, Space, Transformed, check_sorted_alike};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::backend::{Candidates, Layout, MatchFlags, Space, Transformed, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
 /// Pairs of transformed positions.
 pub(super) struct Pairs {
     build: Vec<u32>,
     probe: Vec<u32>,
+}
+
+impl Pairs {
+    pub(super) fn len(&self) -> usize {
+        self.probe.len()
+    }
 }
 
 const END_OF_CHAIN: u32 = u32::MAX;
@@ -203,4 +211,152 @@ pub(super) fn into_spaces<K: NormalizedKey>(
         build: in_space(pairs.build, build.row_ids.as_ref(), build_space, "build")?,
         probe: in_space(pairs.probe, probe.row_ids.as_ref(), probe_space, "probe")?,
     })
+}
+
+/// Flags of the rows with a match, as [`MatchFlags`] says, by transformed
+/// position: each side's positions mapped as its space asks.
+struct Marks<'a> {
+    build: Option<(&'a [AtomicBool], Option<&'a Vec<u32>>)>,
+    probe: Option<(&'a [AtomicBool], Option<&'a Vec<u32>>)>,
+}
+
+impl<'a> Marks<'a> {
+    fn new<K: NormalizedKey>(
+        flags: MatchFlags<'a, CpuBackend>,
+        build: &'a Transformed<CpuBackend, K>,
+        probe_ids: Option<&'a Vec<u32>>,
+        (build_space, probe_space): (Space, Space),
+    ) -> Result<Self> {
+        let ids = |space, ids: Option<&'a Vec<u32>>, side| match (space, ids) {
+            (Space::Transformed, _) => Ok(None),
+            (Space::Original, Some(ids)) => Ok(Some(ids)),
+            (Space::Original, None) => internal_err!("{side} rows asked for without row ids"),
+        };
+        Ok(Self {
+            build: flags
+                .build
+                .map(|f| {
+                    Ok::<_, datafusion::error::DataFusionError>((
+                        f.as_slice(),
+                        ids(build_space, build.row_ids.as_ref(), "build")?,
+                    ))
+                })
+                .transpose()?,
+            probe: flags
+                .probe
+                .map(|f| {
+                    Ok::<_, datafusion::error::DataFusionError>((f.as_slice(), ids(probe_space, probe_ids, "probe")?))
+                })
+                .transpose()?,
+        })
+    }
+
+    fn set(side: Option<(&[AtomicBool], Option<&Vec<u32>>)>, position: u32) -> Result<()> {
+        if let Some((flags, ids)) = side {
+            let at = ids.map_or(Some(position), |ids| ids.get(position as usize).copied());
+            match at.and_then(|at| flags.get(at as usize)) {
+                Some(flag) => flag.store(true, Ordering::Relaxed),
+                None => return internal_err!("a match at position {position} of {} flags", flags.len()),
+            }
+        }
+        Ok(())
+    }
+
+    fn build(&self, position: u32) -> Result<()> {
+        Self::set(self.build, position)
+    }
+
+    fn probe(&self, position: u32) -> Result<()> {
+        Self::set(self.probe, position)
+    }
+}
+
+pub(super) fn hash_mark<K: NormalizedKey>(
+    build: &Transformed<CpuBackend, K>,
+    tables: &ChainedTables,
+    probe: &Transformed<CpuBackend, K>,
+    spaces: (Space, Space),
+    flags: MatchFlags<'_, CpuBackend>,
+) -> Result<()> {
+    let (Layout::Partitioned(build_spec), Layout::Partitioned(probe_spec)) = (build.layout, probe.layout) else {
+        return internal_err!("hash_mark needs two partitioned relations");
+    };
+    if build_spec != probe_spec || tables.tables.len() != build_spec.partitions() {
+        return internal_err!("hash_mark: the relations are not partitioned alike");
+    }
+    let marks = Marks::new(flags, build, probe.row_ids.as_ref(), spaces)?;
+    // The last partition holds unmatchable keys and is skipped.
+    (0..build_spec.partitions()).into_par_iter().try_for_each(|p| {
+        let (b0, b1) = (build.offsets[p] as usize, build.offsets[p + 1] as usize);
+        let (p0, p1) = (probe.offsets[p] as usize, probe.offsets[p + 1] as usize);
+        let (keys, table) = (&build.keys[b0..b1], &tables.tables[p]);
+        if keys.is_empty() {
+            return Ok(());
+        }
+        for (j, key) in probe.keys[p0..p1].iter().enumerate() {
+            let mut i = table.heads[bucket(*key, table.mask)];
+            while i != END_OF_CHAIN {
+                if keys[i as usize] == *key {
+                    marks.probe((p0 + j) as u32)?;
+                    if marks.build.is_none() {
+                        break;
+                    }
+                    marks.build((b0 + i as usize) as u32)?;
+                }
+                i = table.next[i as usize];
+            }
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn merge_mark<K: NormalizedKey>(
+    build: &Transformed<CpuBackend, K>,
+    probe: &Transformed<CpuBackend, K>,
+    spaces: (Space, Space),
+    flags: MatchFlags<'_, CpuBackend>,
+) -> Result<()> {
+    check_sorted_alike(build.layout, probe.layout)?;
+    let marks = Marks::new(flags, build, probe.row_ids.as_ref(), spaces)?;
+    let b = &build.keys[..build.offsets[1] as usize];
+    let p = &probe.keys[..probe.offsets[1] as usize];
+    // Each side's rows look for their key among the other side's sorted keys.
+    for (i, key) in b.iter().enumerate() {
+        if marks.build.is_some() && p.binary_search(key).is_ok() {
+            marks.build(i as u32)?;
+        }
+    }
+    for (j, key) in p.iter().enumerate() {
+        if marks.probe.is_some() && b.binary_search(key).is_ok() {
+            marks.probe(j as u32)?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn directory_mark<K: NormalizedKey>(
+    build: &Transformed<CpuBackend, K>,
+    directory: &[u32],
+    probe: &[K],
+    build_space: Space,
+    flags: MatchFlags<'_, CpuBackend>,
+) -> Result<()> {
+    let marks = Marks::new(flags, build, None, (build_space, Space::Transformed))?;
+    let codes = directory.len().saturating_sub(1) as u64;
+    let mut seen = vec![false; codes as usize];
+    for (j, key) in probe.iter().enumerate() {
+        let code = key.to_u64();
+        if code < codes && directory[code as usize + 1] > directory[code as usize] {
+            seen[code as usize] = true;
+            marks.probe(j as u32)?;
+        }
+    }
+    if marks.build.is_some() {
+        for (i, key) in build.keys.iter().enumerate() {
+            if seen.get(key.to_u64() as usize).copied().unwrap_or(false) {
+                marks.build(i as u32)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@ use arrow::compute::take;
 use datafusion::common::exec_err;
 use datafusion::error::Result;
 
-use super::CpuBackend;
+use super::instance::CpuBackend;
 use crate::backend::{Layout, MAX_RELATION_ROWS, PartitionSpec, SortSpec, Transformed, positions_to_indices};
 use crate::keys::NormalizedKey;
 

@@ -7,7 +7,7 @@ use datafusion::error::Result;
 
 use super::launch::{Arg, CudaBackend};
 use super::memory::DeviceBuffer;
-use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed};
+use crate::backend::{Candidates, JoinBackend, Layout, MatchFlags, Space, Transformed};
 use crate::keys::NormalizedKey;
 
 impl CudaBackend {
@@ -62,5 +62,51 @@ impl CudaBackend {
         let args = [&search[..], &[0u64.into(), counts.pointer().into(), 0u64.into()]].concat();
         self.launch(&kernel, n, 0, &args)?;
         self.expand_runs(&counts, &lower, (build_ids, 0))
+    }
+
+    /// Flags the rows with a match of a build side with a directory and
+    /// probe keys as they are ([`crate::backend::JoinBackend::directory_mark`]):
+    /// a probe row's code has a run of build rows; a build row's code is
+    /// seen among the probe rows'.
+    pub(super) fn directory_mark_keys<K: NormalizedKey>(
+        &self,
+        build: &Transformed<CudaBackend, K>,
+        directory: &DeviceBuffer<u32>,
+        probe: &DeviceBuffer<K>,
+        build_space: Space,
+        flags: MatchFlags<'_, CudaBackend>,
+    ) -> Result<()> {
+        let rows = probe.len();
+        if rows == 0 || build.rows == 0 {
+            return Ok(());
+        }
+        let codes = (directory.len() - 1) as u32;
+        let seen = match flags.build {
+            Some(_) => Some(DeviceBuffer::<u8>::filled(&self.instance, codes as usize, 0, "codes seen")?),
+            None => None,
+        };
+        let n = rows as u64;
+        let args = [
+            Arg::from(probe.pointer()),
+            n.into(),
+            directory.pointer().into(),
+            codes.into(),
+            seen.as_ref().map_or(0, DeviceBuffer::pointer).into(),
+            flags.probe.map_or(0, DeviceBuffer::pointer).into(),
+        ];
+        self.launch(&self.kernel_name::<K>("directory_mark_probe"), n, 0, &args)?;
+        let (Some(build_flags), Some(seen)) = (flags.build, &seen) else {
+            return Ok(());
+        };
+        let n = build.rows as u64;
+        let args = [
+            Arg::from(build.keys.pointer()),
+            n.into(),
+            codes.into(),
+            seen.pointer().into(),
+            Self::row_ids_for(build, build_space, "build")?.into(),
+            build_flags.pointer().into(),
+        ];
+        self.launch(&self.kernel_name::<K>("directory_mark_build"), n, 0, &args)
     }
 }

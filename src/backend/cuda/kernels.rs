@@ -28,7 +28,7 @@ const SOURCES: [(&str, &str); 8] = [
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 61] = [
+pub(crate) const KERNEL_NAMES: [&str; 71] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -53,6 +53,10 @@ pub(crate) const KERNEL_NAMES: [&str; 61] = [
     "hash_second_shared_u64",
     "hash_second_kept_u32",
     "hash_second_kept_u64",
+    "hash_mark_shared_u32",
+    "hash_mark_shared_u64",
+    "hash_mark_kept_u32",
+    "hash_mark_kept_u64",
     "hash_misplaced",
     "plan_piece_counts",
     "plan_pieces",
@@ -63,10 +67,16 @@ pub(crate) const KERNEL_NAMES: [&str; 61] = [
     "merge_search_u32",
     "merge_search_u64",
     "merge_expand",
+    "mark_sorted_u32",
+    "mark_sorted_u64",
     "directory_counts_u32",
     "directory_counts_u64",
     "directory_search_u32",
     "directory_search_u64",
+    "directory_mark_probe_u32",
+    "directory_mark_probe_u64",
+    "directory_mark_build_u32",
+    "directory_mark_build_u64",
     "gather_1",
     "gather_2",
     "gather_4",
@@ -234,13 +244,15 @@ pub(super) fn table_limit(max_shared_bytes: u32) -> u32 {
 }
 
 /// Kernels whose blocks hold a piece's table in dynamic shared memory.
-pub(super) const TABLE_KERNELS: [&str; 6] = [
+pub(super) const TABLE_KERNELS: [&str; 8] = [
     "build_tables_u32",
     "build_tables_u64",
     "hash_first_shared_u32",
     "hash_first_shared_u64",
     "hash_second_shared_u32",
     "hash_second_shared_u64",
+    "hash_mark_shared_u32",
+    "hash_mark_shared_u64",
 ];
 
 /// The radix scatter kernels, whose shared memory bounds their occupancy.

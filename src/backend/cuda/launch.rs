@@ -39,15 +39,6 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// This instance with match calls of up to `limit` pairs, for joins of
-    /// whole relations in device memory (the kernel benchmark's). The
-    /// operator sizes its probe chunks by [`crate::backend::MAX_CANDIDATES`],
-    /// the limit an instance opens with, which bounds the memory one
-    /// chunk's pairs take.
-    pub fn with_candidate_limit(self, limit: usize) -> Self {
-        Self { candidate_limit: limit, ..self }
-    }
-
     /// A resource error when `total` candidate pairs are more than one
     /// match call of this instance may produce.
     pub(super) fn check_candidates(&self, total: u64) -> Result<usize> {

@@ -25,7 +25,7 @@ use datafusion::error::{DataFusionError, Result};
 use super::kernels::table_limit;
 use super::launch::{Arg, CudaBackend};
 use super::memory::DeviceBuffer;
-use crate::backend::{Candidates, JoinBackend, Layout, Space, Transformed, check_sorted_alike};
+use crate::backend::{Candidates, JoinBackend, Layout, MatchFlags, Space, Transformed, check_sorted_alike};
 use crate::keys::NormalizedKey;
 
 /// Probe rows one work unit streams through its table at most (a slice of a
@@ -192,32 +192,10 @@ impl CudaBackend {
         if build_spec != probe_spec {
             return internal_err!("hash_match: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
         }
-        let partitions = build_spec.partitions();
-        // Plan the units: counts per co-partition, scanned (one extra zero
-        // becomes the total), then the units themselves.
-        let unit_counts = DeviceBuffer::<u64>::filled(&self.instance, partitions + 1, 0, "work units per partition")?;
-        let plan_args = [
-            Arg::from(tables.piece_offsets.pointer()),
-            probe.offsets.pointer().into(),
-            (partitions as u32).into(),
-            PROBE_SLICE_ROWS.into(),
-            unit_counts.pointer().into(),
-        ];
-        self.launch("plan_unit_counts", partitions as u64, 0, &plan_args)?;
-        let unit_count = self.exclusive_scan(&unit_counts)?.read()? as usize;
-        if unit_count == 0 {
+        let Some((units, unit_count)) = self.work_units(tables, probe, build_spec.partitions())? else {
             return self.empty_candidates();
-        }
-        let units = DeviceBuffer::<u32>::alloc(&self.instance, unit_count * UNIT_FIELDS, "work units")?;
-        self.launch("plan_units", partitions as u64, 0, &[&plan_args[..], &[units.pointer().into()]].concat())?;
-        // Kept tables pay when the chunk's probe rows read less from them
-        // than building the tables would take.
-        let few_probe_rows = (probe.rows as u64) * PROBE_READ_BYTES < tables.slots * entry_bytes::<K>();
-        let kept = if few_probe_rows { self.kept_tables(build, tables)? } else { None };
-        let (mode, shared, kept_at) = match kept {
-            Some(pointer) => ("kept", 0, pointer),
-            None => ("shared", tables.largest_table, 0),
         };
+        let (mode, shared, kept_at) = self.table_mode(build, tables, probe)?;
         let (build_ids, probe_ids) =
             (Self::row_ids_for(build, build_space, "build")?, Self::row_ids_for(probe, probe_space, "probe")?);
         let mut direct_build = DeviceBuffer::<u32>::alloc(&self.instance, probe.rows, "matched build positions")?;
@@ -286,6 +264,133 @@ impl CudaBackend {
         let kernel = self.kernel_name::<K>(&format!("hash_second_{mode}"));
         self.launch_blocks(&kernel, unit_count as u64, shared, probe.rows as u64, &args)?;
         Ok(Candidates { build: out_build, probe: out_probe })
+    }
+
+    /// The work units of a probe chunk's match (WorkUnit in match.cu) and
+    /// their number; `None` where there are none. Planned on the device:
+    /// counts per co-partition, scanned (one extra zero becomes the total),
+    /// then the units themselves.
+    fn work_units<K: NormalizedKey>(
+        &self,
+        tables: &CudaHashTables,
+        probe: &Transformed<CudaBackend, K>,
+        partitions: usize,
+    ) -> Result<Option<(DeviceBuffer<u32>, usize)>> {
+        let unit_counts = DeviceBuffer::<u64>::filled(&self.instance, partitions + 1, 0, "work units per partition")?;
+        let plan_args = [
+            Arg::from(tables.piece_offsets.pointer()),
+            probe.offsets.pointer().into(),
+            (partitions as u32).into(),
+            PROBE_SLICE_ROWS.into(),
+            unit_counts.pointer().into(),
+        ];
+        self.launch("plan_unit_counts", partitions as u64, 0, &plan_args)?;
+        let unit_count = self.exclusive_scan(&unit_counts)?.read()? as usize;
+        if unit_count == 0 {
+            return Ok(None);
+        }
+        let units = DeviceBuffer::<u32>::alloc(&self.instance, unit_count * UNIT_FIELDS, "work units")?;
+        self.launch("plan_units", partitions as u64, 0, &[&plan_args[..], &[units.pointer().into()]].concat())?;
+        Ok(Some((units, unit_count)))
+    }
+
+    /// Where the units find their tables: kept in device memory where the
+    /// chunk's probe rows read less from them than building the tables
+    /// would take, else built by each unit in shared memory. The kernels'
+    /// suffix, their shared memory, and the kept tables' address (0 for
+    /// none).
+    fn table_mode<K: NormalizedKey>(
+        &self,
+        build: &Transformed<CudaBackend, K>,
+        tables: &CudaHashTables,
+        probe: &Transformed<CudaBackend, K>,
+    ) -> Result<(&'static str, u32, u64)> {
+        let few_probe_rows = (probe.rows as u64) * PROBE_READ_BYTES < tables.slots * entry_bytes::<K>();
+        let kept = if few_probe_rows { self.kept_tables(build, tables)? } else { None };
+        Ok(match kept {
+            Some(pointer) => ("kept", 0, pointer),
+            None => ("shared", tables.largest_table, 0),
+        })
+    }
+
+    /// Flags the rows with a match of a partitioned build side and probe
+    /// chunk ([`crate::backend::JoinBackend::hash_mark`]).
+    pub(super) fn hash_mark_keys<K: NormalizedKey>(
+        &self,
+        build: &Transformed<CudaBackend, K>,
+        tables: &CudaHashTables,
+        probe: &Transformed<CudaBackend, K>,
+        (build_space, probe_space): (Space, Space),
+        flags: MatchFlags<'_, CudaBackend>,
+    ) -> Result<()> {
+        let (Layout::Partitioned(build_spec), Layout::Partitioned(probe_spec)) = (build.layout, probe.layout) else {
+            return internal_err!("hash_mark needs two partitioned relations");
+        };
+        if build_spec != probe_spec {
+            return internal_err!("hash_mark: build has {} radix bits, probe {}", build_spec.bits, probe_spec.bits);
+        }
+        let Some((units, unit_count)) = self.work_units(tables, probe, build_spec.partitions())? else {
+            return Ok(());
+        };
+        let (mode, shared, kept_at) = self.table_mode(build, tables, probe)?;
+        let build_ids = match flags.build {
+            Some(_) => Self::row_ids_for(build, build_space, "build")?,
+            None => 0,
+        };
+        let probe_ids = match flags.probe {
+            Some(_) => Self::row_ids_for(probe, probe_space, "probe")?,
+            None => 0,
+        };
+        let args = [
+            Arg::from(tables.pieces.pointer()),
+            kept_at.into(),
+            build.keys.pointer().into(),
+            probe.keys.pointer().into(),
+            units.pointer().into(),
+            build_ids.into(),
+            probe_ids.into(),
+            flags.build.map_or(0, DeviceBuffer::pointer).into(),
+            flags.probe.map_or(0, DeviceBuffer::pointer).into(),
+        ];
+        let kernel = self.kernel_name::<K>(&format!("hash_mark_{mode}"));
+        self.launch_blocks(&kernel, unit_count as u64, shared, probe.rows as u64, &args)
+    }
+
+    /// Flags the rows with a match of two sorted relations
+    /// ([`crate::backend::JoinBackend::merge_mark`]): each row's key looked
+    /// up among the other side's matchable keys.
+    pub(super) fn merge_mark_keys<K: NormalizedKey>(
+        &self,
+        build: &Transformed<CudaBackend, K>,
+        probe: &Transformed<CudaBackend, K>,
+        (build_space, probe_space): (Space, Space),
+        flags: MatchFlags<'_, CudaBackend>,
+    ) -> Result<()> {
+        check_sorted_alike(build.layout, probe.layout)?;
+        // Unmatchable keys sort last; offsets[1] is where they start.
+        let build_rows = build.offsets.download_at(1, "sorted offsets")?;
+        let probe_rows = probe.offsets.download_at(1, "sorted offsets")?;
+        if build_rows == 0 || probe_rows == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel_name::<K>("mark_sorted");
+        let sides = [
+            (flags.build, build, build_rows, probe, probe_rows, build_space, "build"),
+            (flags.probe, probe, probe_rows, build, build_rows, probe_space, "probe"),
+        ];
+        for (flags, side, rows, other, other_rows, space, name) in sides {
+            let Some(flags) = flags else { continue };
+            let args = [
+                Arg::from(side.keys.pointer()),
+                rows.into(),
+                other.keys.pointer().into(),
+                other_rows.into(),
+                Self::row_ids_for(side, space, name)?.into(),
+                flags.pointer().into(),
+            ];
+            self.launch(&kernel, u64::from(rows), 0, &args)?;
+        }
+        Ok(())
     }
 
     pub(super) fn merge_match_keys<K: NormalizedKey>(

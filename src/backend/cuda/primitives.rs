@@ -17,7 +17,7 @@ use super::memory::{DIRECT_TRANSFER_BYTES, DeviceBuffer, Instance};
 use super::transform::Digits;
 use crate::backend::{
     Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, MAX_CANDIDATES,
-    PartitionSpec, SortSpec, Space, TransferMemory, Transformed,
+    MatchFlags, PartitionSpec, SortSpec, Space, TransferMemory, Transformed,
 };
 use crate::keys::{NormalizedKey, RawCodes};
 
@@ -70,6 +70,14 @@ impl JoinBackend for CudaBackend {
 
     fn memory_budget(&self) -> Option<u64> {
         Some(self.instance.device.budget.limit())
+    }
+
+    fn candidate_limit(&self) -> usize {
+        self.candidate_limit
+    }
+
+    fn with_candidate_limit(self, limit: usize) -> Self {
+        Self { candidate_limit: limit, ..self }
     }
 
     fn upload_with<T: Element>(&self, len: usize, fill: Fill<'_, T>) -> Result<DeviceBuffer<T>> {
@@ -183,6 +191,38 @@ impl JoinBackend for CudaBackend {
         build_space: Space,
     ) -> Result<Candidates<Self>> {
         self.directory_match_keys(build, directory, probe, build_space)
+    }
+
+    fn hash_mark<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        tables: &CudaHashTables,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+        flags: MatchFlags<'_, Self>,
+    ) -> Result<()> {
+        self.hash_mark_keys(build, tables, probe, spaces, flags)
+    }
+
+    fn merge_mark<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        probe: &Transformed<Self, K>,
+        spaces: (Space, Space),
+        flags: MatchFlags<'_, Self>,
+    ) -> Result<()> {
+        self.merge_mark_keys(build, probe, spaces, flags)
+    }
+
+    fn directory_mark<K: NormalizedKey>(
+        &self,
+        build: &Transformed<Self, K>,
+        directory: &DeviceBuffer<u32>,
+        probe: &DeviceBuffer<K>,
+        build_space: Space,
+        flags: MatchFlags<'_, Self>,
+    ) -> Result<()> {
+        self.directory_mark_keys(build, directory, probe, build_space, flags)
     }
 
     fn gather_positions(&self, values: &DeviceBuffer<u32>, positions: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
