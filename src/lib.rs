@@ -21,11 +21,16 @@
 //! * [`algorithms`]: the partitioned hash and sort-merge joins, written once;
 //! * [`backend`]: the join primitives, on the CPU (the reference) or CUDA;
 //! * [`keys`]: join keys normalised to fixed-width integers.
+//!
+//! With the `distributed` feature, `distributed` runs the joins of a
+//! `datafusion-distributed` cluster on its workers' GPUs.
 
 pub mod algorithms;
 mod arrays;
 pub mod backend;
 pub mod config;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 pub mod exec;
 pub mod keys;
 mod lanes;
@@ -37,5 +42,5 @@ mod values;
 
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;
-pub use rule::{GpuJoinRule, JoinDecision, NotOnGpu, Placement, plan_decisions};
+pub use rule::{GpuJoinRule, JoinDecision, NotOnGpu, Placement, plan_decisions, replace_joins_as_planned};
 pub use session::{GpuJoinContextExt, SessionStateBuilderExt, register};

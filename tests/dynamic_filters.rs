@@ -7,10 +7,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::replace_joins_as_planned;
 
-use crate::common::{datafusion_context, gpu_context, gpu_joins, run, sorted_rows};
+use crate::common::{datafusion_context, gpu_context, gpu_joins, run, sorted_rows, test_options};
 
 /// Rows of the probe table, sorted by key, in row groups of `GROUP_ROWS`.
 const PROBE_ROWS: i64 = 65_536;
@@ -233,5 +234,34 @@ async fn few_keys_are_listed_whatever_buffers_they_arrive_in() {
         assert!(!gpu_joins(&plan).is_empty(), "{sql}");
         assert!(scanned <= 3 * GROUP_ROWS, "{sql}: the scan handed on {scanned} rows");
         assert!(scanned <= datafusion_scanned, "{sql}: {scanned} against {datafusion_scanned}");
+    }
+}
+
+/// A plan DataFusion made, its joins swapped one for one (as a worker of a
+/// distributed plan swaps them): the plan keeps its schema and partitions,
+/// and each GPU join feeds the filter its hash join planted, so that the
+/// scan skips what it skips under DataFusion's own plan.
+#[tokio::test]
+async fn joins_swapped_as_planned_feed_the_planted_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    let sql = "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.k < 6000";
+    for partitioned in [false, true] {
+        let datafusion = datafusion_context(config(partitioned));
+        register(&datafusion, dir.path()).await;
+        let (expected, datafusion_scanned, _) = rows_and_probe_scan(&datafusion, sql).await;
+        let planned = datafusion.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let (swapped, decisions) =
+            replace_joins_as_planned(Arc::clone(&planned), &test_options(), &|_| false).expect("swapped");
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        assert_eq!(swapped.schema(), planned.schema());
+        assert_eq!(swapped.output_partitioning().partition_count(), planned.output_partitioning().partition_count());
+        let text = displayable(swapped.as_ref()).indent(true).to_string();
+        assert!(!text.contains("HashJoinExec:") && gpu_joins(&swapped).len() == 1, "{text}");
+        let batches = collect(Arc::clone(&swapped), datafusion.task_ctx()).await.expect("the swapped plan runs");
+        let mut scanned = 0;
+        scans_of_s(&swapped, &mut scanned);
+        assert_eq!(sorted_rows(&batches), expected, "partitioned: {partitioned}");
+        assert!(scanned <= datafusion_scanned.max(2 * GROUP_ROWS), "{scanned} against {datafusion_scanned}");
     }
 }

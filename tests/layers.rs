@@ -19,6 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("exec", &["algorithms", "backend", "keys", "arrays", "values", "lanes", "config", "testing"]),
     ("rule", &["exec", "algorithms", "backend", "keys", "arrays", "values", "config"]),
     ("session", &["rule", "exec", "algorithms", "backend", "pinned_batches", "keys", "config"]),
+    ("distributed", &["rule", "config"]),
 ];
 
 fn source_files(dir: &Path, files: &mut Vec<PathBuf>) {

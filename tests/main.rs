@@ -5,6 +5,7 @@
 
 mod common;
 
+mod distributed;
 mod dynamic_filters;
 mod fuzz;
 mod huge_outputs;

@@ -1,9 +1,11 @@
 //! sqllogictest suites through a session with the GPU join rule on.
 //!
-//! * The project's own files (`sqllogictests/*.slt`) run twice: with the rule
-//!   on, every record must pass, EXPLAIN plans included; with
+//! * The project's own files (`sqllogictests/*.slt`) run three times: with
+//!   the rule on, every record must pass, EXPLAIN plans included; with
 //!   `gpu_join.enabled = false`, every record but EXPLAIN must pass, which
-//!   proves the expected results are DataFusion's own answers.
+//!   proves the expected results are DataFusion's own answers; and through
+//!   the coordinator of a `datafusion-distributed` cluster of three GPU join
+//!   workers on the loopback, every record but EXPLAIN must pass.
 //! * DataFusion's join suites, from the `datafusion-sqllogictest` crate, run
 //!   with the rule on. **Rule for EXPLAIN records:** their plan text is not
 //!   compared, since `GpuJoinExec` legitimately replaces `HashJoinExec`;
@@ -19,14 +21,20 @@
 //! The suites run in a fresh temporary directory, so plans that print file
 //! paths mark the directory part with `<slt:ignore>`.
 
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::ListingOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::SessionStateBuilderExt;
 use datafusion_sqllogictest::{DataFusion, TestContext, df_value_validator, setup_scratch_dir, value_normalizer};
 use sqllogictest::{QueryExpect, Record, Runner, parse_file, strict_column_validator};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::common::{gpu_context, test_options};
+use crate::distributed;
+use datafusion_distributed::DistributedExec;
+use datafusion_gpu_join::distributed::GpuJoinWorker;
 
 /// DataFusion's join suites named by the foundation issue.
 const DATAFUSION_SUITES: [&str; 8] = [
@@ -55,6 +63,8 @@ struct Outcome {
     explains_on_gpu: usize,
     skipped: Vec<String>,
     failures: Vec<String>,
+    /// Queries a distributed session split into stages.
+    distributed: usize,
 }
 
 fn is_explain(sql: &str) -> bool {
@@ -118,12 +128,47 @@ enum Explains {
     Skip,
 }
 
+/// Where the tables a file creates live.
+#[derive(Clone, Copy)]
+enum Tables<'a> {
+    /// In memory, as created.
+    AsCreated,
+    /// Each written, once created, as Parquet files under this folder and
+    /// read from there: the scans a distributed plan spreads over workers.
+    InFiles(&'a Path),
+}
+
+/// Whether `sql` plans, in a distributed session, as stages on workers.
+async fn is_distributed(ctx: &SessionContext, sql: &str) -> bool {
+    match ctx.sql(sql).await {
+        Ok(df) => df.create_physical_plan().await.is_ok_and(|plan| plan.is::<DistributedExec>()),
+        Err(_) => false,
+    }
+}
+
+/// Replaces the in-memory table `table` with one reading its rows from
+/// Parquet files under `folder`.
+async fn move_to_files(ctx: &SessionContext, folder: &Path, table: &str) -> datafusion::error::Result<()> {
+    let location = folder.join(table);
+    std::fs::create_dir_all(&location)?;
+    let schema = ctx.table(table).await?.schema().inner().clone();
+    let url = format!("{}/", location.display());
+    for sql in [format!("COPY {table} TO '{url}' STORED AS PARQUET"), format!("DROP TABLE {table}")] {
+        ctx.sql(&sql).await?.collect().await?;
+    }
+    // The schema given, since a table without rows leaves no file to read
+    // it from.
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    ctx.register_listing_table(table, url, options, Some(schema), None).await
+}
+
 async fn run_file(
     ctx: &SessionContext,
     path: &Path,
     relative_path: &Path,
     explains: Explains,
     missing_data: bool,
+    tables: Tables<'_>,
 ) -> Outcome {
     let mut outcome = Outcome::default();
     let records: Vec<DFRecord> = match parse_file(path) {
@@ -173,8 +218,22 @@ async fn run_file(
             }
             continue;
         }
+        let location = record_location(&record);
+        if matches!(tables, Tables::InFiles(_))
+            && matches!(record, Record::Query { .. })
+            && is_distributed(ctx, &sql).await
+        {
+            outcome.distributed += 1;
+        }
         if let Err(e) = runner.run_async(record).await {
             outcome.failures.push(e.to_string());
+            continue;
+        }
+        let in_memory = !sql.to_ascii_lowercase().contains("external");
+        if let (Tables::InFiles(folder), Some(table), true) = (tables, created_table(&sql), in_memory)
+            && let Err(e) = move_to_files(ctx, folder, &table).await
+        {
+            outcome.failures.push(format!("{location}: writing {table} to files: {e}"));
         }
     }
     outcome
@@ -221,6 +280,9 @@ async fn run_project_files(dir: &Path, report: &mut Vec<String>, failures: &mut 
     files.sort();
     assert!(!files.is_empty(), "no .slt files in {}", dir.display());
     let complete = std::env::var("GPU_JOIN_SLT_COMPLETE").is_ok_and(|v| v == "1");
+    let worker = GpuJoinWorker::new();
+    let workers = distributed::start_workers(&worker).await;
+    let (mut queries_on_cluster, mut distributed) = (0, 0);
     for path in files {
         let name = PathBuf::from(path.file_name().expect("file name"));
         setup_scratch_dir(&name).expect("scratch directory");
@@ -231,18 +293,37 @@ async fn run_project_files(dir: &Path, report: &mut Vec<String>, failures: &mut 
                 .await
                 .unwrap_or_else(|e| panic!("completing {}: {e}", path.display()));
         }
-        let on_gpu = run_file(&gpu_context(session_config()), &path, &name, Explains::Compare, false).await;
+        let on_gpu =
+            run_file(&gpu_context(session_config()), &path, &name, Explains::Compare, false, Tables::AsCreated).await;
         let reference_ctx = gpu_context(session_config());
         reference_ctx.sql("SET gpu_join.enabled = false").await.expect("gpu_join.enabled is an option");
-        let on_datafusion = run_file(&reference_ctx, &path, &name, Explains::Skip, false).await;
+        let on_datafusion = run_file(&reference_ctx, &path, &name, Explains::Skip, false, Tables::AsCreated).await;
+        let cluster = distributed::coordinator(session_config(), workers.clone(), false, true);
+        let files = tempfile::tempdir().expect("a folder for the cluster's tables");
+        let on_cluster =
+            run_file(&cluster, &path, &name, Explains::ExecuteOnly, false, Tables::InFiles(files.path())).await;
         report.push(format!(
-            "{}: {} records passed with the GPU join; {} of them, all but EXPLAIN, also on DataFusion alone",
+            "{}: {} records passed with the GPU join; {} of them, all but EXPLAIN, also on DataFusion alone and {} on a \
+             cluster ({} queries there split into stages)",
             name.display(),
             on_gpu.records - on_gpu.failures.len(),
             on_datafusion.records - on_datafusion.explains - on_datafusion.failures.len(),
+            on_cluster.records - on_cluster.explains - on_cluster.failures.len(),
+            on_cluster.distributed,
         ));
+        queries_on_cluster += on_cluster.records - on_cluster.explains;
+        distributed += on_cluster.distributed;
         failures.extend(on_gpu.failures.into_iter().map(|f| format!("[GPU join] {f}")));
         failures.extend(on_datafusion.failures.into_iter().map(|f| format!("[DataFusion alone] {f}")));
+        failures.extend(on_cluster.failures.into_iter().map(|f| format!("[cluster] {f}")));
+    }
+    // Tiny tables written as one file each: the planner spreads the scans
+    // of some queries over the workers and keeps others on the coordinator.
+    if distributed * 4 < queries_on_cluster || worker.joins().on_gpu() == 0 {
+        failures.push(format!(
+            "[cluster] {distributed} of {queries_on_cluster} records planned as stages; the workers ran {} GPU joins",
+            worker.joins().on_gpu()
+        ));
     }
 }
 
@@ -276,7 +357,7 @@ async fn run_datafusion_suites(missing_data: bool, report: &mut Vec<String>, fai
         let state = builder.with_gpu_join().build();
         let ctx = SessionContext::new_with_state(state);
         let path = Path::new("test_files").join(name);
-        let outcome = run_file(&ctx, &path, &relative, Explains::ExecuteOnly, missing_data).await;
+        let outcome = run_file(&ctx, &path, &relative, Explains::ExecuteOnly, missing_data, Tables::AsCreated).await;
         report.push(format!(
             "{name}: {} records passed; {} EXPLAIN records executed without comparing plans ({} show GpuJoinExec); {} skipped",
             outcome.records - outcome.failures.len() - outcome.explains,

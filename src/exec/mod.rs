@@ -226,6 +226,12 @@ impl GpuJoinExec {
         Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered, dynamic_filter, self.as_planned)
     }
 
+    /// The same join feeding `filter`, a dynamic filter already planted in
+    /// its probe side (by the `HashJoinExec` it took the place of).
+    pub(crate) fn feeding(self, filter: Arc<DynamicFilterPhysicalExpr>) -> Result<Self> {
+        self.with_twin(Arc::clone(&self.twin), Some(filter))
+    }
+
     fn dynamic_filter(&self) -> Option<Arc<DynamicFilterPhysicalExpr>> {
         self.probe_filter.as_ref().map(|f| Arc::clone(f.filter()))
     }

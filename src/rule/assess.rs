@@ -6,6 +6,7 @@ use arrow::datatypes::DataType;
 use datafusion::common::{JoinType, internal_err, plan_err};
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -36,23 +37,39 @@ pub(super) enum Assessment {
     Keep(NotOnGpu),
 }
 
+/// Whether the GPU join may run a join in another shape than the plan's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// The rule's own: a `Partitioned` join collected into one build side,
+    /// a sort-merge join's sorts gone.
+    Best,
+    /// One for one: each `HashJoinExec` becomes a `GpuJoinExec` over the
+    /// same children, with the same schema, partitioning and ordering
+    /// (a stage of a distributed plan, which must keep its topology).
+    AsPlanned,
+}
+
 /// The session's options, once a join asks, the backend to use, and the
 /// statistics of the plan's nodes, each computed once for the whole walk.
 pub(super) struct RuleContext<'a> {
     options: &'a GpuJoinConfig,
+    shape: Shape,
     backend: Option<std::result::Result<BackendHandle, NotOnGpu>>,
     statistics: PlanStatistics,
 }
 
 impl<'a> RuleContext<'a> {
-    pub fn new(options: &'a GpuJoinConfig) -> Self {
-        Self { options, backend: None, statistics: PlanStatistics::default() }
+    pub fn new(options: &'a GpuJoinConfig, shape: Shape) -> Self {
+        Self { options, shape, backend: None, statistics: PlanStatistics::default() }
     }
 
     /// `None` for nodes that are not joins this rule handles.
     pub fn assess(&mut self, node: &Arc<dyn ExecutionPlan>, relied: Relied) -> Result<Option<Assessment>> {
         if let Some(join) = node.downcast_ref::<HashJoinExec>() {
             return self.assess_hash_join(join, relied).map(Some);
+        }
+        if node.downcast_ref::<SortMergeJoinExec>().is_some() && self.shape == Shape::AsPlanned {
+            return Ok(Some(Assessment::Keep(NotOnGpu::SortMergeAsPlanned)));
         }
         if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
             return self.assess_sort_merge_join(join, relied).map(Some);
@@ -87,7 +104,7 @@ impl<'a> RuleContext<'a> {
     /// `join` in `CollectLeft` mode without its hash repartitions, where
     /// the options allow it and nothing above relies on its partitioning.
     fn one_build_side(&self, join: &HashJoinExec, relied: Relied) -> Result<Option<HashJoinExec>> {
-        match self.options.collect_build_side && !relied.partitioning {
+        match self.shape == Shape::Best && self.options.collect_build_side && !relied.partitioning {
             true => with_one_build_side(join),
             false => Ok(None),
         }
@@ -126,7 +143,12 @@ impl<'a> RuleContext<'a> {
             |join| GpuJoinExec::try_new_ordered(join, backend, self.options, replaces, None, &self.statistics);
         let exec = match reshaped {
             Some(reshaped) => gpu_join(&reshaped)?.reshaped(),
-            None => gpu_join(join)?,
+            // A join swapped as planned may come with the dynamic filter it
+            // planted in its probe side: the GPU join feeds it instead.
+            None => match planted_dynamic_filter(join) {
+                Some(filter) => gpu_join(join)?.feeding(filter)?,
+                None => gpu_join(join)?,
+            },
         };
         Ok(Assessment::Replace(Arc::new(exec)))
     }
@@ -268,6 +290,14 @@ impl<'a> RuleContext<'a> {
     fn estimated_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         self.statistics.of(plan)?.num_rows.get_value().copied()
     }
+}
+
+/// The dynamic filter `join` planted in its probe side, if it did.
+fn planted_dynamic_filter(join: &HashJoinExec) -> Option<Arc<DynamicFilterPhysicalExpr>> {
+    join.dynamic_expressions_produced().into_iter().find_map(|expression| {
+        let expression: Arc<dyn std::any::Any + Send + Sync> = expression;
+        Arc::downcast::<DynamicFilterPhysicalExpr>(expression).ok()
+    })
 }
 
 fn key_type(key: &PhysicalExprRef, schema: &arrow::datatypes::Schema) -> Result<arrow::datatypes::DataType> {

@@ -9,7 +9,7 @@ use datafusion::error::Result;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 
-use super::assess::{Assessment, RuleContext};
+use super::assess::{Assessment, RuleContext, Shape};
 use super::not_on_gpu::NotOnGpu;
 use super::walk;
 use crate::config::GpuJoinConfig;
@@ -81,9 +81,9 @@ impl fmt::Display for JoinDecision {
 /// the rule replaced, and for the others, why they stay on DataFusion.
 pub fn plan_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Vec<JoinDecision>> {
     let options = GpuJoinConfig::from_config(config);
-    let mut context = RuleContext::new(&options);
+    let mut context = RuleContext::new(&options, Shape::Best);
     let mut decisions = vec![];
-    walk::rewrite(Arc::clone(plan), &mut |node, relied| {
+    walk::rewrite(Arc::clone(plan), &|_| false, &mut |node, relied| {
         if let Some(join) = node.downcast_ref::<GpuJoinExec>() {
             decisions.push(JoinDecision::for_gpu_join(join));
             return Ok(None);

@@ -21,7 +21,61 @@ pub use decisions::{JoinDecision, Placement, plan_decisions};
 pub use not_on_gpu::NotOnGpu;
 
 use crate::config::{ExplainChoice, GpuJoinConfig};
-use assess::{Assessment, RuleContext};
+use assess::{Assessment, RuleContext, Shape};
+
+/// The prefix of `datafusion-distributed`'s options in a session's config.
+const DISTRIBUTED_PREFIX: &str = "distributed";
+
+/// `plan` with each `HashJoinExec` the GPU can run swapped for a
+/// `GpuJoinExec` over the same children, with the same schema,
+/// partitioning and ordering, feeding the dynamic filter the hash join
+/// planted; sort-merge joins, and joins the GPU cannot help, stay as they
+/// are, and so do the subtrees `leave` picks. The plan keeps its topology,
+/// as a stage of a distributed plan must where it is swapped on a worker.
+/// Returns where each join runs.
+pub fn replace_joins_as_planned(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &GpuJoinConfig,
+    leave: &dyn Fn(&Arc<dyn ExecutionPlan>) -> bool,
+) -> Result<(Arc<dyn ExecutionPlan>, Vec<JoinDecision>)> {
+    replace_joins(plan, options, Shape::AsPlanned, leave)
+}
+
+/// The rule's walk: every join assessed, replaced where the GPU can run
+/// it, and where each one runs logged as `gpu_join.explain` says.
+fn replace_joins(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &GpuJoinConfig,
+    shape: Shape,
+    leave: &walk::Leave<'_>,
+) -> Result<(Arc<dyn ExecutionPlan>, Vec<JoinDecision>)> {
+    let mut context = RuleContext::new(options, shape);
+    let mut decisions = vec![];
+    let plan = walk::rewrite(plan, leave, &mut |node, relied| {
+        let Some(assessment) = context.assess(node, relied)? else {
+            return Ok(None);
+        };
+        Ok(match assessment {
+            Assessment::Replace(gpu_join) => {
+                decisions.push(JoinDecision::for_gpu_join(&gpu_join));
+                Some(gpu_join as Arc<dyn ExecutionPlan>)
+            }
+            Assessment::Keep(reason) => {
+                decisions.push(JoinDecision::for_cpu_join(node, reason));
+                None
+            }
+        })
+    })?;
+    for decision in &decisions {
+        match (options.explain, &decision.placement) {
+            (ExplainChoice::All, _) | (ExplainChoice::NotOnGpu, Placement::NotOnGpu(_)) => {
+                log::info!("gpu_join: {decision}")
+            }
+            _ => {}
+        }
+    }
+    Ok((plan, decisions))
+}
 
 /// Replaces `HashJoinExec` and `SortMergeJoinExec` with `GpuJoinExec` where
 /// the GPU can run them; every other join keeps DataFusion's operator, and
@@ -36,34 +90,20 @@ impl GpuJoinRule {
 }
 
 impl PhysicalOptimizerRule for GpuJoinRule {
+    /// In a session that distributes its plans (`datafusion-distributed`'s
+    /// planner, whose options live under the `distributed` prefix), the
+    /// rule leaves the plan to the distributed planner, which recognises
+    /// DataFusion's joins only: a `CollectLeft` join it did not know would
+    /// be split across tasks, each seeing part of the build side. The joins
+    /// of each stage are swapped one for one where the stage runs
+    /// ([`replace_joins_as_planned`]).
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        let options = GpuJoinConfig::from_config(config);
-        let mut context = RuleContext::new(&options);
-        let mut decisions = vec![];
-        let plan = walk::rewrite(plan, &mut |node, relied| {
-            let Some(assessment) = context.assess(node, relied)? else {
-                return Ok(None);
-            };
-            Ok(match assessment {
-                Assessment::Replace(gpu_join) => {
-                    decisions.push(JoinDecision::for_gpu_join(&gpu_join));
-                    Some(gpu_join as Arc<dyn ExecutionPlan>)
-                }
-                Assessment::Keep(reason) => {
-                    decisions.push(JoinDecision::for_cpu_join(node, reason));
-                    None
-                }
-            })
-        })?;
-        for decision in &decisions {
-            match (options.explain, &decision.placement) {
-                (ExplainChoice::All, _) | (ExplainChoice::NotOnGpu, Placement::NotOnGpu(_)) => {
-                    log::info!("gpu_join: {decision}")
-                }
-                _ => {}
-            }
+        if config.extensions.iter().any(|(prefix, _)| prefix == DISTRIBUTED_PREFIX) {
+            log::debug!("gpu_join: a distributed plan; its stages swap their joins where they run");
+            return Ok(plan);
         }
-        Ok(plan)
+        let options = GpuJoinConfig::from_config(config);
+        Ok(replace_joins(plan, &options, Shape::Best, &|_| false)?.0)
     }
 
     fn name(&self) -> &str {

@@ -30,6 +30,9 @@ pub enum NotOnGpu {
     /// An ancestor relies on the sort-merge join's sorted output, and a key
     /// of this type does not sort on the GPU.
     OrderingRelied(DataType),
+    /// A sort-merge join, in a plan whose joins are swapped one for one
+    /// (a stage of a distributed plan): its sorts would have to go.
+    SortMergeAsPlanned,
     /// The plan was made without the GPU join rule.
     RuleNotRun,
 }
@@ -56,6 +59,9 @@ impl fmt::Display for NotOnGpu {
                     f,
                     "the plan relies on the sort-merge join's output ordering, and {t} keys do not sort on the GPU"
                 )
+            }
+            NotOnGpu::SortMergeAsPlanned => {
+                write!(f, "a sort-merge join is kept where joins are swapped one for one, its sorts in place")
             }
             NotOnGpu::RuleNotRun => {
                 write!(f, "the GPU join rule is not registered for this session")

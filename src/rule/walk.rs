@@ -19,22 +19,38 @@ pub(super) struct Relied {
 /// Called on each node after its children; returns a replacement, if any.
 pub(super) type Visit<'a> = dyn FnMut(&Arc<dyn ExecutionPlan>, Relied) -> Result<Option<Arc<dyn ExecutionPlan>>> + 'a;
 
-/// Rewrites `plan` bottom-up. The root's ordering counts as relied on when
-/// it has one: the query's ORDER BY may have been satisfied by it and its
-/// sort removed before this rule runs. Its partitioning does not: the
-/// partitions of the root are simply read one after another.
-pub(super) fn rewrite(plan: Arc<dyn ExecutionPlan>, visit: &mut Visit<'_>) -> Result<Arc<dyn ExecutionPlan>> {
+/// Nodes the rewrite leaves as they are, with everything below them.
+pub(super) type Leave<'a> = dyn Fn(&Arc<dyn ExecutionPlan>) -> bool + 'a;
+
+/// Rewrites `plan` bottom-up, but for the subtrees `leave` picks. The
+/// root's ordering counts as relied on when it has one: the query's ORDER
+/// BY may have been satisfied by it and its sort removed before this rule
+/// runs. Its partitioning does not: the partitions of the root are simply
+/// read one after another.
+pub(super) fn rewrite(
+    plan: Arc<dyn ExecutionPlan>,
+    leave: &Leave<'_>,
+    visit: &mut Visit<'_>,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let relied = Relied { ordering: plan.output_ordering().is_some(), partitioning: false };
-    rewrite_node(plan, relied, visit)
+    rewrite_node(plan, relied, leave, visit)
 }
 
-fn rewrite_node(node: Arc<dyn ExecutionPlan>, relied: Relied, visit: &mut Visit<'_>) -> Result<Arc<dyn ExecutionPlan>> {
+fn rewrite_node(
+    node: Arc<dyn ExecutionPlan>,
+    relied: Relied,
+    leave: &Leave<'_>,
+    visit: &mut Visit<'_>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if leave(&node) {
+        return Ok(node);
+    }
     let needs = child_needs(&node, relied);
     let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
     let mut changed = false;
     let mut new_children = Vec::with_capacity(children.len());
     for (child, needed) in children.iter().zip(needs) {
-        let new_child = rewrite_node(Arc::clone(child), needed, visit)?;
+        let new_child = rewrite_node(Arc::clone(child), needed, leave, visit)?;
         changed |= !Arc::ptr_eq(&new_child, child);
         new_children.push(new_child);
     }
