@@ -7,7 +7,7 @@
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
-//!     [--placements] [--pinned] [--set NAME=VALUE ...]
+//!     [--placements] [--pinned] [--workers N] [--set NAME=VALUE ...]
 //! ```
 //!
 //! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated (in
@@ -45,6 +45,16 @@
 //! DataFusion session never runs the GPU join, whatever `--set enabled`
 //! says; `--set enabled=false` makes both sessions DataFusion alone, so
 //! that `--compare` measures how far two identical sessions differ.
+//!
+//! `--workers N` (with `--parquet`) makes both sessions coordinators of a
+//! `datafusion-distributed` cluster of N workers on this host's loopback,
+//! each session its own workers: the GPU session's join on this host's GPU
+//! (docs/distributed.md), DataFusion's are plain workers. The single-node
+//! GPU session runs beside them, its time and rows on each line, and each
+//! line counts the joins the GPU session's workers ran per run. `--set
+//! distributed.NAME=VALUE` sets one of `datafusion-distributed`'s options
+//! in both clusters (`--set distributed.file_scan_config_bytes_per_partition=1`
+//! spreads even small scans over every worker).
 
 // Both sessions run on mimalloc, the allocator DataFusion's own command-line
 // tool and benchmark runner are built with, so DataFusion is timed as its own
@@ -60,9 +70,17 @@ use datafusion::config::ExtensionOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_distributed::test_utils::localhost::LocalHostWorkerResolver;
+use datafusion_distributed::{
+    DefaultSessionBuilder, DistributedExt, SessionStateBuilderExt as _, Worker, WorkerSessionBuilder,
+};
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::distributed::{DistributedGpuJoinExt, GpuJoinWorker};
 use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend};
 use gpu_join_workloads::{self as workloads, is_query, tpcds, tpch};
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 
 struct Args {
     scale_factor: f64,
@@ -85,6 +103,8 @@ struct Args {
     tpcds: Option<PathBuf>,
     /// Other `gpu_join` options, by name without the prefix.
     settings: Vec<(String, String)>,
+    /// Workers of each session's cluster; none: single-node sessions.
+    workers: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -105,6 +125,7 @@ fn parse_args() -> Result<Args> {
         parquet: None,
         tpcds: None,
         settings: vec![],
+        workers: 0,
     };
     let mut it = std::env::args().skip(1);
     let bad = |what: &str| {
@@ -133,6 +154,7 @@ fn parse_args() -> Result<Args> {
             "--pinned" => args.pinned = true,
             "--parquet" => args.parquet = Some(PathBuf::from(value()?)),
             "--tpcds" => args.tpcds = Some(PathBuf::from(value()?)),
+            "--workers" => args.workers = value()?.parse().map_err(|_| bad("--workers"))?,
             "--set" => {
                 let setting = value()?;
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
@@ -144,6 +166,11 @@ fn parse_args() -> Result<Args> {
     if args.pinned && args.parquet.is_some() {
         return Err(DataFusionError::Configuration(
             "--pinned keeps the tables held in memory in pinned memory; with --parquet none are".to_string(),
+        ));
+    }
+    if args.workers > 0 && args.parquet.is_none() {
+        return Err(DataFusionError::Configuration(
+            "--workers needs --parquet: the workers read the tables from files".to_string(),
         ));
     }
     if args.queries.is_empty() {
@@ -174,24 +201,66 @@ impl Args {
     }
 }
 
-fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
+/// The options of the GPU session (`gpu`) or DataFusion's.
+fn session_config(args: &Args, gpu: bool) -> Result<SessionConfig> {
     let mut options = GpuJoinConfig::default();
     options.backend = args.backend;
     options.min_rows = args.min_rows;
     options.min_build_rows = args.min_build_rows;
     let mut config = SessionConfig::new().with_target_partitions(args.partitions);
     for (name, value) in &args.settings {
-        match name.starts_with("datafusion.") {
-            true => config.options_mut().set(name, value)?,
-            false => options.set(name, value)?,
+        match name.split_once('.').map(|(prefix, _)| prefix) {
+            Some("datafusion") => config.options_mut().set(name, value)?,
+            // The clusters' own, set once their planner is in place.
+            Some("distributed") => {}
+            _ => options.set(name, value)?,
         }
     }
     // The settings are the GPU session's: DataFusion's own stays without
     // the GPU join even where they turn it on.
     options.enabled &= gpu;
-    let config = config.with_option_extension(options);
+    Ok(config.with_option_extension(options))
+}
+
+fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
+    let config = session_config(args, gpu)?;
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
     Ok(SessionContext::new_with_state(state))
+}
+
+/// `count` workers serving on this host's loopback; their ports.
+async fn start_workers<B>(count: usize, builder: B) -> Result<Vec<u16>>
+where
+    B: WorkerSessionBuilder + Clone + Send + Sync + 'static,
+{
+    let mut ports = vec![];
+    for _ in 0..count {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        ports.push(listener.local_addr()?.port());
+        let worker = Worker::from_session_builder(builder.clone()).into_worker_server();
+        tokio::spawn(Server::builder().add_service(worker).serve_with_incoming(TcpIncoming::from(listener)));
+    }
+    Ok(ports)
+}
+
+/// The coordinator of a cluster of `args.workers` workers: the GPU
+/// session's, whose workers join on the GPU (returned, for their counts of
+/// joins), or DataFusion's.
+async fn cluster_session(args: &Args, gpu: bool) -> Result<(SessionContext, Option<GpuJoinWorker>)> {
+    let builder = SessionStateBuilder::new().with_default_features().with_config(session_config(args, gpu)?);
+    let (builder, worker, ports) = match gpu {
+        true => {
+            let worker = GpuJoinWorker::new();
+            let ports = start_workers(args.workers, worker.clone()).await?;
+            (builder.with_distributed_gpu_join(), Some(worker), ports)
+        }
+        false => (builder.with_distributed_planner(), None, start_workers(args.workers, DefaultSessionBuilder).await?),
+    };
+    let mut state = builder.with_distributed_worker_resolver(LocalHostWorkerResolver::new(ports)).build();
+    for (name, value) in args.settings.iter().filter(|(name, _)| name.starts_with("distributed.")) {
+        state.config_mut().options_mut().set(name, value)?;
+    }
+    Ok((SessionContext::new_with_state(state), worker))
 }
 
 /// A session's median time of its timed runs, the median of their
@@ -296,15 +365,20 @@ async fn main() -> Result<()> {
         ));
     }
     let start = Instant::now();
-    let gpu = session(&args, true)?;
-    let cpu = session(&args, false)?;
+    let (gpu, cpu, single_node, workers) = match args.workers {
+        0 => (session(&args, true)?, session(&args, false)?, None, None),
+        _ => {
+            let (gpu, workers) = cluster_session(&args, true).await?;
+            (gpu, cluster_session(&args, false).await?.0, Some(session(&args, true)?), workers)
+        }
+    };
     let source = match &args.parquet {
         Some(dir) => {
             let folder = match &args.tpcds {
                 Some(_) => tpcds::write_parquet(dir, args.scale_factor, args.partitions)?,
                 None => tpch::write_parquet(dir, args.scale_factor, args.partitions)?,
             };
-            for ctx in [&gpu, &cpu] {
+            for ctx in [&gpu, &cpu].into_iter().chain(&single_node) {
                 match &args.tpcds {
                     Some(_) => tpcds::register_parquet(ctx, &folder).await?,
                     None => tpch::register_parquet(ctx, &folder).await?,
@@ -328,13 +402,17 @@ async fn main() -> Result<()> {
         }
     };
     println!(
-        "{} SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up",
+        "{} SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up{}",
         if args.tpcds.is_some() { "TPC-DS" } else { "TPC-H" },
         args.scale_factor,
         start.elapsed().as_secs_f64(),
         args.backend,
         args.partitions,
-        args.iterations
+        args.iterations,
+        match args.workers {
+            0 => String::new(),
+            n => format!("; each session a cluster of {n} workers on this host"),
+        }
     );
     let mut failures = vec![];
     for &query in &args.queries {
@@ -342,7 +420,9 @@ async fn main() -> Result<()> {
             println!("Q{query:02} {}", placements(&gpu, query, &args).await?);
             continue;
         }
-        let sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
+        let mut sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
+        sessions.extend(&single_node);
+        let joins_before = workers.as_ref().map(|w| (w.joins().on_gpu(), w.joins().on_datafusion()));
         let mut timings = match timed(&sessions, query, &args).await {
             Ok(timings) => timings.into_iter(),
             Err(e) => {
@@ -360,7 +440,9 @@ async fn main() -> Result<()> {
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
-        if let Some(cpu) = timings.next() {
+        if args.compare
+            && let Some(cpu) = timings.next()
+        {
             let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&cpu.rows)?;
             line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu.time.as_secs_f64() * 1e3));
             line.push_str(&format!(
@@ -372,6 +454,24 @@ async fn main() -> Result<()> {
                 failures.push(format!("Q{query}: rows differ from DataFusion's"));
             }
         }
+        if let Some(single) = timings.next() {
+            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&single.rows)?;
+            line.push_str(&format!(
+                " | single-node GPU {:>9.1} ms, same rows: {same}",
+                single.time.as_secs_f64() * 1e3
+            ));
+            if !same {
+                failures.push(format!("Q{query}: rows differ from the single-node GPU session's"));
+            }
+        }
+        if let (Some(workers), Some((gpu_before, datafusion_before))) = (&workers, joins_before) {
+            let runs = args.iterations + 1;
+            line.push_str(&format!(
+                " | joins per run on the workers: {} GPU, {} DataFusion",
+                (workers.joins().on_gpu() - gpu_before) / runs,
+                (workers.joins().on_datafusion() - datafusion_before) / runs
+            ));
+        }
         if args.validate {
             match tpch::check_official_answer(query, &batches)? {
                 Ok(()) => line.push_str(" | official answer: ok"),
@@ -381,7 +481,10 @@ async fn main() -> Result<()> {
                 }
             }
         }
-        println!("{line}\n      {}", placements(&gpu, query, &args).await?);
+        match args.workers {
+            0 => println!("{line}\n      {}", placements(&gpu, query, &args).await?),
+            _ => println!("{line}"),
+        }
         if args.explain {
             for line in explain_analyze(&gpu, query, &args).await? {
                 if line.contains("GpuJoinExec") {
