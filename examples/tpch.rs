@@ -70,17 +70,15 @@ use datafusion::config::ExtensionOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_distributed::test_utils::localhost::LocalHostWorkerResolver;
+use datafusion_distributed::test_utils::localhost::{LocalHostWorkerResolver, spawn_worker_service};
 use datafusion_distributed::{
-    DefaultSessionBuilder, DistributedExt, SessionStateBuilderExt as _, Worker, WorkerSessionBuilder,
+    DefaultSessionBuilder, DistributedExt, SessionStateBuilderExt as _, WorkerSessionBuilder,
 };
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::distributed::{DistributedGpuJoinExt, GpuJoinWorker};
 use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend};
 use gpu_join_workloads::{self as workloads, is_query, tpcds, tpch};
 use tokio::net::TcpListener;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
 struct Args {
     scale_factor: f64,
@@ -209,7 +207,7 @@ fn session_config(args: &Args, gpu: bool) -> Result<SessionConfig> {
     options.min_build_rows = args.min_build_rows;
     let mut config = SessionConfig::new().with_target_partitions(args.partitions);
     for (name, value) in &args.settings {
-        match name.split_once('.').map(|(prefix, _)| prefix) {
+        match prefix(name) {
             Some("datafusion") => config.options_mut().set(name, value)?,
             // The clusters' own, set once their planner is in place.
             Some("distributed") => {}
@@ -220,6 +218,12 @@ fn session_config(args: &Args, gpu: bool) -> Result<SessionConfig> {
     // the GPU join even where they turn it on.
     options.enabled &= gpu;
     Ok(config.with_option_extension(options))
+}
+
+/// Whose option `name` of `--set` is: `datafusion`, `distributed`, or
+/// none for the GPU join's, named without their prefix.
+fn prefix(name: &str) -> Option<&str> {
+    name.split_once('.').map(|(prefix, _)| prefix)
 }
 
 fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
@@ -237,8 +241,7 @@ where
     for _ in 0..count {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         ports.push(listener.local_addr()?.port());
-        let worker = Worker::from_session_builder(builder.clone()).into_worker_server();
-        tokio::spawn(Server::builder().add_service(worker).serve_with_incoming(TcpIncoming::from(listener)));
+        tokio::spawn(spawn_worker_service(builder.clone(), listener));
     }
     Ok(ports)
 }
@@ -257,7 +260,7 @@ async fn cluster_session(args: &Args, gpu: bool) -> Result<(SessionContext, Opti
         false => (builder.with_distributed_planner(), None, start_workers(args.workers, DefaultSessionBuilder).await?),
     };
     let mut state = builder.with_distributed_worker_resolver(LocalHostWorkerResolver::new(ports)).build();
-    for (name, value) in args.settings.iter().filter(|(name, _)| name.starts_with("distributed.")) {
+    for (name, value) in args.settings.iter().filter(|(name, _)| prefix(name) == Some("distributed")) {
         state.config_mut().options_mut().set(name, value)?;
     }
     Ok((SessionContext::new_with_state(state), worker))

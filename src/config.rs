@@ -341,7 +341,7 @@ mod tests {
     fn options_table() -> String {
         let mut table = String::from("| option | default | description |\n| --- | --- | --- |\n");
         for entry in GpuJoinConfig::default().entries() {
-            let key = entry.key.strip_prefix("gpu_join.").unwrap_or(&entry.key);
+            let key = &entry.key;
             let description = entry.description.split_whitespace().collect::<Vec<_>>().join(" ");
             let default = entry.value.unwrap_or_default();
             let _ = writeln!(table, "| `gpu_join.{key}` | `{default}` | {} |", description.replace('|', "\\|"));

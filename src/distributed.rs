@@ -26,13 +26,13 @@
 //! A worker serves queries with [`GpuJoinWorker`] as its session builder
 //! (`examples/worker.rs` starts one); see docs/distributed.md.
 
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use datafusion::catalog::Session;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::internal_datafusion_err;
+use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
@@ -72,14 +72,9 @@ impl DistributedGpuJoinExt for SessionStateBuilder {
 
 /// The distributed planner, followed by the one-for-one swap of the joins
 /// the coordinator runs itself.
+#[derive(Debug)]
 struct CoordinatorGpuJoins {
     distributed: Option<Arc<dyn QueryPlanner + Send + Sync>>,
-}
-
-impl fmt::Debug for CoordinatorGpuJoins {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CoordinatorGpuJoins").finish_non_exhaustive()
-    }
 }
 
 #[async_trait]
@@ -171,10 +166,9 @@ impl GpuJoinWorker {
         let mut builder = builder.with_distributed_option_extension_from_headers::<GpuJoinConfig>(headers)?;
         if let Some(device) = self.device {
             let config = builder.config().get_or_insert_with(SessionConfig::new);
-            match config.options_mut().extensions.get_mut::<GpuJoinConfig>() {
-                Some(options) => options.device = device,
-                None => return Err(DataFusionError::Internal("GPU join: the worker's options are missing".into())),
-            }
+            let options = config.options_mut().extensions.get_mut::<GpuJoinConfig>();
+            options.ok_or_else(|| internal_datafusion_err!("GPU join: the worker's options are missing"))?.device =
+                device;
         }
         let swap = SwapJoins { joins: Arc::clone(&self.joins) };
         Ok(builder.with_distributed_worker_plan_rewrite_handler(swap).build())

@@ -21,7 +21,8 @@ use rayon::prelude::*;
 use crate::arrays::{
     concat_arrays, concat_record_batches, copy_values, copy_values_in_parallel, interleave_arrays, value_offsets,
 };
-use crate::backend::{JoinBackend, value_width};
+use crate::backend::JoinBackend;
+use crate::values::value_width;
 
 /// A side's rows on the host (the build side, or a probe chunk). Cloned in
 /// constant time: a build side is thousands of DataFusion's batches, whose
@@ -238,10 +239,7 @@ impl<'a> TakenRows<'a> {
     /// Column `index` at the rows `within` of those taken.
     pub fn column_in(&mut self, index: usize, within: Range<usize>) -> Result<ArrayRef> {
         let host = self.host;
-        let rows = match within.len() == self.rows.len() {
-            true => self.rows.clone(),
-            false => self.rows.slice(within.start, within.len()),
-        };
+        let rows = self.rows.slice(within.start, within.len());
         if let Some(column) = host.whole_column(index) {
             return Ok(take(column.as_ref(), &rows, None)?);
         }

@@ -86,14 +86,8 @@ pub(crate) fn resolve_probe_chunk<B: JoinBackend>(
             )
         }
         JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => OutputRows::empty(),
-        JoinType::RightSemi | JoinType::RightAnti => {
-            let matched = definition.join_type == JoinType::RightSemi;
-            let probe = backend.flagged(&probe_flags(backend, &matches)?, matched)?;
-            OutputRows::probe_only(backend, probe, None)
-        }
-        JoinType::RightMark => {
-            let mark = backend.download_flags(&probe_flags(backend, &matches)?)?;
-            OutputRows::probe_only(backend, backend.sequence(probe_rows)?, Some(mark))
+        JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+            from_probe_flags(backend, definition.join_type, &probe_flags(backend, &matches)?, probe_rows)?
         }
     };
     if keep_probe_order {
@@ -116,15 +110,30 @@ pub(crate) fn resolve_from_flags<B: JoinBackend>(
 ) -> Result<OutputRows<B>> {
     match (definition.join_type, probe_flags) {
         (JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark, _) => Ok(OutputRows::empty()),
-        (JoinType::RightSemi | JoinType::RightAnti, Some(flags)) => {
-            let probe = backend.flagged(flags, definition.join_type == JoinType::RightSemi)?;
-            Ok(OutputRows::probe_only(backend, probe, None))
+        (JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark, Some(flags)) => {
+            from_probe_flags(backend, definition.join_type, flags, probe_rows)
         }
-        (JoinType::RightMark, Some(flags)) => {
+        (join_type, _) => internal_err!("GPU join: a {join_type} join resolved from flags alone"),
+    }
+}
+
+/// The output rows of a probe-side semi, anti or mark join, from the flags
+/// of the chunk's `probe_rows` rows that have a match.
+fn from_probe_flags<B: JoinBackend>(
+    backend: &B,
+    join_type: JoinType,
+    flags: &B::Flags,
+    probe_rows: usize,
+) -> Result<OutputRows<B>> {
+    match join_type {
+        JoinType::RightMark => {
             let mark = backend.download_flags(flags)?;
             Ok(OutputRows::probe_only(backend, backend.sequence(probe_rows)?, Some(mark)))
         }
-        (join_type, _) => internal_err!("GPU join: a {join_type} join resolved from flags alone"),
+        _ => {
+            let probe = backend.flagged(flags, join_type == JoinType::RightSemi)?;
+            Ok(OutputRows::probe_only(backend, probe, None))
+        }
     }
 }
 

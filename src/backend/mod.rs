@@ -35,7 +35,7 @@ pub use counters::DeviceCounters;
 pub use crate::keys::SortSpec;
 use crate::keys::{NormalizedKey, RawCodes};
 pub use crate::values::Element;
-pub(crate) use crate::values::value_width;
+use crate::values::value_width;
 
 /// Writes the host values of elements `first..first + out.len()` of an
 /// upload into `out`; called for pieces of the upload in parallel.

@@ -42,7 +42,7 @@ use super::fallback::{concatenated_last_first, hash_join_over, in_key_order};
 use super::inputs::PartitionInputs;
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_into_passes};
-use super::read_ahead::ProbeSlots;
+use super::read_ahead::SlotJoin;
 use super::runtime::{CancelOnDrop, admitted, is_out_of_memory, run_blocking};
 use super::smaller_side::{SwappableBuild, may_swap_sides};
 use super::staging::assemble_rows;
@@ -68,12 +68,7 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
     /// `probe`.
     /// `swappable` where a probe partition smaller than the build side may
     /// build the hash table instead ([`super::smaller_side`]).
-    OnCpu {
-        join: Arc<dyn ExecutionPlan>,
-        probe: Arc<ProbeSlots>,
-        swappable: Option<SwappableBuild>,
-        _reservation: MemoryReservation,
-    },
+    OnCpu { join: SlotJoin, swappable: Option<SwappableBuild>, _reservation: MemoryReservation },
     /// A partition's own build side (`Partitioned` mode) too small for the
     /// device to win, as collected: DataFusion's operator joins it with the
     /// partition's probe rows, the smaller side building the hash table
@@ -506,11 +501,11 @@ impl<B: JoinBackend> DeviceJoin<B> {
                     .await?
                 }
             };
-            let probe = Arc::new(ProbeSlots::new(right.schema(), right.output_partitioning().partition_count()));
-            let join = hash_join_over(&self.twin, &build, probe.plan()?, mode, partition)?;
-            let join = in_key_order(&self.definition, join);
+            let join = SlotJoin::new(right.schema(), right.output_partitioning().partition_count(), |probe| {
+                Ok(in_key_order(&self.definition, hash_join_over(&self.twin, &build, probe, mode, partition)?))
+            })?;
             let swappable = swappable.then(|| SwappableBuild { batches: build, reason });
-            return Ok(Arc::new(CollectedBuild::OnCpu { join, probe, swappable, _reservation: reservation }));
+            return Ok(Arc::new(CollectedBuild::OnCpu { join, swappable, _reservation: reservation }));
         }
         metrics.build_passes.add(passes);
         let keys = self.definition.build_keys.clone();

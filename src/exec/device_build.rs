@@ -13,16 +13,15 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::Count;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::fallback::hash_join_over;
-use super::read_ahead::ProbeSlots;
+use super::read_ahead::SlotJoin;
 use super::runtime::run_blocking;
 use crate::algorithms::BuildSide;
 use crate::backend::JoinBackend;
@@ -31,14 +30,8 @@ use crate::backend::JoinBackend;
 /// join it.
 pub(crate) struct DeviceBuild<B: JoinBackend> {
     side: Arc<BuildSide<B>>,
-    on_cpu: OnceCell<HostJoin>,
-}
-
-/// DataFusion's join over a build side's host copy, whose partition `p`
-/// reads what was last put in probe slot `p`.
-struct HostJoin {
-    join: Arc<dyn ExecutionPlan>,
-    probe: ProbeSlots,
+    /// DataFusion's join over the build side's host copy.
+    on_cpu: OnceCell<SlotJoin>,
 }
 
 impl<B: JoinBackend> DeviceBuild<B> {
@@ -67,13 +60,12 @@ impl<B: JoinBackend> DeviceBuild<B> {
                 let batch =
                     run_blocking("assembling the build side for DataFusion's operator", move || side.whole_batch())
                         .await?;
-                let probe = ProbeSlots::new(twin.right().schema(), partitions);
-                let join = hash_join_over(twin, &[batch], probe.plan()?, PartitionMode::CollectLeft, 0)?;
-                Ok::<_, DataFusionError>(HostJoin { join, probe })
+                SlotJoin::new(twin.right().schema(), partitions, |probe| {
+                    hash_join_over(twin, &[batch], probe, PartitionMode::CollectLeft, 0)
+                })
             })
             .await?;
-        host.probe.put(partition, futures::stream::iter([Ok(piece)]).boxed())?;
-        host.join.execute(partition, context)?.try_collect().await
+        host.execute(partition, futures::stream::iter([Ok(piece)]).boxed(), context)?.try_collect().await
     }
 }
 

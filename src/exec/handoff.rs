@@ -48,7 +48,7 @@ pub(super) async fn hand_over(
     }
     let baseline = inputs.metrics.baseline.clone();
     let schema = batches.schema();
-    let (batch_size, as_planned) = (inputs.context.session_config().batch_size().max(1), inputs.as_planned);
+    let (batch_size, as_planned) = (inputs.output_limits().batch_rows, inputs.as_planned);
     // DataFusion's operator may emit more than `batch_size` rows at once (a
     // left join's unmatched build rows).
     let handed = batches.flat_map(move |batch| {

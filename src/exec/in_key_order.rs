@@ -1,8 +1,9 @@
 //! A partition joined in key order: its whole probe side as one chunk, every
 //! output row of the partition, build-side rows included, leaving in the
 //! build side's key order (see [`crate::algorithms::KeyOrder`]). A
-//! partition that runs out of device memory, even alone on the device, is
-//! joined by DataFusion's operator and sorted.
+//! partition that runs out of device memory, even alone on the device, or
+//! makes more pairs than one match call, is joined by DataFusion's operator
+//! and sorted.
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use super::probing::Probing;
 use super::runtime::{needs_smaller_pieces, run_blocking};
 use super::staging::{ProbeStaging, held_bytes};
 use crate::algorithms::{Emit, HostRows, ProbeColumns};
-use crate::backend::JoinBackend;
+use crate::backend::{JoinBackend, too_many_pairs};
 
 /// Joins the whole probe side of a partition as one chunk and sends every
 /// output row of the partition in key order.
@@ -61,11 +62,17 @@ pub(super) async fn join_partition_in_key_order<B: JoinBackend>(
             }
             Err(e) if needs_smaller_pieces(&e) => {
                 log::info!(
-                    "gpu_join: a probe side of {} rows in key order ran out of device memory: {e}",
+                    "gpu_join: a probe side of {} rows in key order could not be joined whole: {e}",
                     chunk.rows()
                 );
                 inputs.metrics.out_of_memory_retries.add(1);
+                // Alone on the device a join gets more memory, not a larger
+                // match call: too many pairs go to DataFusion's operator now.
+                let too_many = too_many_pairs(&e).is_some();
                 error = Some(e);
+                if too_many {
+                    break;
+                }
             }
             Err(e) => return Err(e),
         }

@@ -226,10 +226,15 @@ impl GpuJoinExec {
         Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered, dynamic_filter, self.as_planned)
     }
 
-    /// The same join feeding `filter`, a dynamic filter already planted in
-    /// its probe side (by the `HashJoinExec` it took the place of).
-    pub(crate) fn feeding(self, filter: Arc<DynamicFilterPhysicalExpr>) -> Result<Self> {
-        self.with_twin(Arc::clone(&self.twin), Some(filter))
+    /// The same join feeding the dynamic filter `replaced`, the
+    /// `HashJoinExec` it takes the place of, already planted in its probe
+    /// side, if it did.
+    pub(crate) fn feeding_planted_filter(mut self, replaced: &HashJoinExec) -> Result<Self> {
+        let planted = replaced.dynamic_expressions_produced().into_iter().find_map(as_dynamic_filter);
+        if let Some(filter) = planted {
+            self.probe_filter = Some(Arc::new(ProbeFilter::new(filter, &self.twin)?));
+        }
+        Ok(self)
     }
 
     fn dynamic_filter(&self) -> Option<Arc<DynamicFilterPhysicalExpr>> {
@@ -371,11 +376,7 @@ impl ExecutionPlan for GpuJoinExec {
         _config: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         let planted = child_pushdown_result.self_filters.get(1).and_then(|filters| filters.first());
-        let dynamic = planted.and_then(|f| {
-            let planted: Arc<dyn PhysicalExpr> = Arc::clone(&f.predicate);
-            let planted: Arc<dyn Any + Send + Sync> = planted;
-            Arc::downcast::<DynamicFilterPhysicalExpr>(planted).ok()
-        });
+        let dynamic = planted.and_then(|f| as_dynamic_filter(Arc::clone(&f.predicate)));
         let result = FilterPushdownPropagation::if_any(child_pushdown_result);
         Ok(match dynamic {
             Some(filter) => {
@@ -467,4 +468,10 @@ impl ExecutionPlan for GpuJoinExec {
         let twin = self.twin.builder().with_fetch(limit).build().ok()?;
         Some(Arc::new(self.with_twin(Arc::new(twin), self.dynamic_filter()).ok()?))
     }
+}
+
+/// `expression` as the dynamic filter it is, if it is one.
+fn as_dynamic_filter(expression: Arc<dyn PhysicalExpr>) -> Option<Arc<DynamicFilterPhysicalExpr>> {
+    let expression: Arc<dyn Any + Send + Sync> = expression;
+    Arc::downcast::<DynamicFilterPhysicalExpr>(expression).ok()
 }

@@ -57,8 +57,7 @@ pub(super) struct OutputSender<'a> {
 
 impl<'a> OutputSender<'a> {
     pub fn new(tx: &'a Sender<Result<RecordBatch>>, inputs: &'a PartitionInputs) -> Self {
-        let batch_size = inputs.context.session_config().batch_size().max(1);
-        Self { tx, batch_size, remaining: inputs.fetch, inputs }
+        Self { tx, batch_size: inputs.output_limits().batch_rows, remaining: inputs.fetch, inputs }
     }
 
     pub async fn send_all(&mut self, batches: Vec<RecordBatch>) -> Result<bool> {

@@ -328,12 +328,9 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         let (join, inputs) = (self.join(), self.inputs);
         let collected = pending.placed().await?;
         let batches = match collected.as_ref() {
-            CollectedBuild::OnCpu { join: shared, probe: slots, swappable, .. } => match swappable {
-                Some(build) => smaller_side::join_on_cpu(join, build, probe, inputs, Some((shared, slots))).await?,
-                None => {
-                    slots.put(inputs.partition, probe)?;
-                    shared.execute(inputs.partition, Arc::clone(&inputs.context))?
-                }
+            CollectedBuild::OnCpu { join: shared, swappable, .. } => match swappable {
+                Some(build) => smaller_side::join_on_cpu(join, build, probe, inputs, Some(shared)).await?,
+                None => shared.execute(inputs.partition, probe, Arc::clone(&inputs.context))?,
             },
             CollectedBuild::OnCpuPartition { build, .. } => {
                 smaller_side::join_on_cpu(join, build, probe, inputs, None).await?

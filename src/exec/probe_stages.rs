@@ -107,8 +107,9 @@ async fn assemble_chunks<B: JoinBackend>(
         let chunks = match probe.next().await {
             Some(batch) => {
                 let batch = batch?;
-                probing.hold_probe(&batch)?;
-                reservation.try_grow(held_bytes(&batch))?;
+                let bytes = held_bytes(&batch);
+                probing.hold_probe(&batch, bytes)?;
+                reservation.try_grow(bytes)?;
                 staging.resize(policy.chunk_rows(chunk_rows, inputs.limits.pairs));
                 staging.push(batch)
             }

@@ -15,7 +15,6 @@ use super::device_join::DeviceJoin;
 use super::inputs::PartitionInputs;
 use super::passes::BuildPasses;
 use super::runtime::admitted;
-use super::staging::held_bytes;
 use crate::algorithms::{HostRows, ProbePlan};
 use crate::backend::{DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
@@ -66,10 +65,11 @@ impl HeldProbe {
         self.held.lock().map_err(|_| internal_datafusion_err!("GPU join: held probe rows lock poisoned"))
     }
 
-    /// Holds `batch` while the build side may still be split.
-    fn hold(&self, batch: &RecordBatch) -> Result<()> {
+    /// Holds `batch`, of `bytes` as `held_bytes` counts them, while the
+    /// build side may still be split.
+    fn hold(&self, batch: &RecordBatch, bytes: usize) -> Result<()> {
         if let Some((batches, reservation)) = self.lock()?.as_mut() {
-            reservation.try_grow(held_bytes(batch))?;
+            reservation.try_grow(bytes)?;
             batches.push(batch.clone());
         }
         Ok(())
@@ -161,10 +161,11 @@ impl<B: JoinBackend> Probing<'_, B> {
         }
     }
 
-    /// Holds a probe batch read while the build side may still be split.
-    pub fn hold_probe(&self, batch: &RecordBatch) -> Result<()> {
+    /// Holds a probe batch of `bytes` read while the build side may still
+    /// be split.
+    pub fn hold_probe(&self, batch: &RecordBatch, bytes: usize) -> Result<()> {
         match &self.build {
-            BuildSource::Preparing(_, held) => held.hold(batch),
+            BuildSource::Preparing(_, held) => held.hold(batch, bytes),
             _ => Ok(()),
         }
     }

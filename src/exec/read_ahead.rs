@@ -111,7 +111,7 @@ pub(super) fn worth_reading_ahead(probe: &Arc<dyn ExecutionPlan>) -> bool {
 /// the whole probe side: one slot per probe partition, filled by the
 /// partition with the stream it has begun reading.
 #[derive(Debug)]
-pub(super) struct ProbeSlots {
+struct ProbeSlots {
     schema: SchemaRef,
     slots: Vec<Arc<ProbeSlot>>,
 }
@@ -138,6 +138,39 @@ impl ProbeSlots {
         let stream = RecordBatchStreamAdapter::new(Arc::clone(&self.schema), probe);
         *slot.lock()? = Some(Box::pin(stream));
         Ok(())
+    }
+}
+
+/// DataFusion's join over probe slots: its partition `p` joins what was
+/// last put in slot `p`.
+#[derive(Debug)]
+pub(super) struct SlotJoin {
+    join: Arc<dyn ExecutionPlan>,
+    probe: ProbeSlots,
+}
+
+impl SlotJoin {
+    /// The join `join_over` builds over the plan of `partitions` probe
+    /// slots of `schema`.
+    pub fn new(
+        schema: SchemaRef,
+        partitions: usize,
+        join_over: impl FnOnce(Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Self> {
+        let probe = ProbeSlots::new(schema, partitions);
+        let join = join_over(probe.plan()?)?;
+        Ok(Self { join, probe })
+    }
+
+    /// Partition `partition` of the join, joining `probe`.
+    pub fn execute(
+        &self,
+        partition: usize,
+        probe: BoxStream<'static, Result<RecordBatch>>,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.probe.put(partition, probe)?;
+        self.join.execute(partition, context)
     }
 }
 

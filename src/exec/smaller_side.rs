@@ -40,14 +40,14 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_plan::joins::PartitionMode;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use super::device_join::DeviceJoin;
 use super::fallback::{concatenated_last_first, hash_join_over, in_key_order, swapped_hash_join};
 use super::inputs::PartitionInputs;
-use super::read_ahead::{ProbeSlots, handed_on_first};
+use super::read_ahead::{SlotJoin, handed_on_first};
 use crate::algorithms::JoinDefinition;
 use crate::backend::JoinBackend;
 use crate::config::{GpuJoinConfig, ProbeOrderChoice};
@@ -103,10 +103,6 @@ pub(super) fn may_swap_sides(definition: &JoinDefinition, options: &GpuJoinConfi
         && (mode == PartitionMode::Partitioned || definition.probe_chunks_join_independently())
 }
 
-/// The operator's plan as DataFusion made it, shared by every partition
-/// in `CollectLeft` mode, and where each partition puts its probe input.
-type SharedJoin<'a> = (&'a Arc<dyn ExecutionPlan>, &'a ProbeSlots);
-
 /// DataFusion's operator's output for partition `inputs.partition` over
 /// `build`, reading the partition's probe input from `probe`; the smaller
 /// side builds the hash table. Otherwise the partition runs `shared` where
@@ -116,7 +112,7 @@ pub(super) async fn join_on_cpu<B: JoinBackend>(
     build: &SwappableBuild,
     mut probe: BoxStream<'static, Result<RecordBatch>>,
     inputs: &PartitionInputs,
-    shared: Option<SharedJoin<'_>>,
+    shared: Option<&SlotJoin>,
 ) -> Result<SendableRecordBatchStream> {
     let (partition, partitions) = (inputs.partition, inputs.right.output_partitioning().partition_count());
     let build_rows: usize = build.batches.iter().map(RecordBatch::num_rows).sum();
@@ -144,15 +140,17 @@ pub(super) async fn join_on_cpu<B: JoinBackend>(
     }
     join.chosen.record_datafusion(&build.reason);
     let probe = handed_on_first(read.batches.into_iter().map(Ok).collect(), probe, reservation);
-    if let Some((plan, slots)) = shared {
-        slots.put(partition, probe)?;
-        return plan.execute(partition, context);
+    if let Some(shared) = shared {
+        return shared.execute(partition, probe, context);
     }
     let own = concatenated_last_first(&inputs.left.schema(), build.batches.clone(), false)?;
-    let slots = ProbeSlots::new(inputs.right.schema(), partitions);
-    slots.put(partition, probe)?;
-    let plan = hash_join_over(&join.twin, &own, slots.plan()?, PartitionMode::Partitioned, partition)?;
-    in_key_order(&join.definition, plan).execute(partition, context)
+    let own = SlotJoin::new(inputs.right.schema(), partitions, |probe| {
+        Ok(in_key_order(
+            &join.definition,
+            hash_join_over(&join.twin, &own, probe, PartitionMode::Partitioned, partition)?,
+        ))
+    })?;
+    own.execute(partition, probe, context)
 }
 
 /// `batches` cut into slices of at most `rows` rows, without a copy: a

@@ -6,7 +6,6 @@ use arrow::datatypes::DataType;
 use datafusion::common::{JoinType, internal_err, plan_err};
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
-use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -68,11 +67,11 @@ impl<'a> RuleContext<'a> {
         if let Some(join) = node.downcast_ref::<HashJoinExec>() {
             return self.assess_hash_join(join, relied).map(Some);
         }
-        if node.downcast_ref::<SortMergeJoinExec>().is_some() && self.shape == Shape::AsPlanned {
-            return Ok(Some(Assessment::Keep(NotOnGpu::SortMergeAsPlanned)));
-        }
         if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
-            return self.assess_sort_merge_join(join, relied).map(Some);
+            return match self.shape {
+                Shape::AsPlanned => Ok(Some(Assessment::Keep(NotOnGpu::SortMergeAsPlanned))),
+                Shape::Best => self.assess_sort_merge_join(join, relied).map(Some),
+            };
         }
         Ok(None)
     }
@@ -145,10 +144,7 @@ impl<'a> RuleContext<'a> {
             Some(reshaped) => gpu_join(&reshaped)?.reshaped(),
             // A join swapped as planned may come with the dynamic filter it
             // planted in its probe side: the GPU join feeds it instead.
-            None => match planted_dynamic_filter(join) {
-                Some(filter) => gpu_join(join)?.feeding(filter)?,
-                None => gpu_join(join)?,
-            },
+            None => gpu_join(join)?.feeding_planted_filter(join)?,
         };
         Ok(Assessment::Replace(Arc::new(exec)))
     }
@@ -290,14 +286,6 @@ impl<'a> RuleContext<'a> {
     fn estimated_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         self.statistics.of(plan)?.num_rows.get_value().copied()
     }
-}
-
-/// The dynamic filter `join` planted in its probe side, if it did.
-fn planted_dynamic_filter(join: &HashJoinExec) -> Option<Arc<DynamicFilterPhysicalExpr>> {
-    join.dynamic_expressions_produced().into_iter().find_map(|expression| {
-        let expression: Arc<dyn std::any::Any + Send + Sync> = expression;
-        Arc::downcast::<DynamicFilterPhysicalExpr>(expression).ok()
-    })
 }
 
 fn key_type(key: &PhysicalExprRef, schema: &arrow::datatypes::Schema) -> Result<arrow::datatypes::DataType> {

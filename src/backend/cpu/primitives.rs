@@ -20,9 +20,10 @@ use super::transform;
 use crate::backend::{
     Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, MAX_CANDIDATES,
     MatchFlags, NULL_POSITION, PartitionSpec, SortSpec, Space, TransferMemory, Transformed, check_candidates_within,
-    check_compared, positions_to_indices, value_width,
+    check_compared, positions_to_indices,
 };
 use crate::keys::{NormalizedKey, RawCodes};
+use crate::values::value_width;
 
 /// Build partitions of about this many rows keep each co-partition's hash
 /// table in a core's private cache.

@@ -16,7 +16,8 @@ use datafusion::error::Result;
 use super::launch::CudaBackend;
 use super::memory::DeviceBuffer;
 use crate::arrays::value_bytes;
-use crate::backend::{Fill, JoinBackend, held_width, value_width};
+use crate::backend::{Fill, JoinBackend, held_width};
+use crate::values::value_width;
 
 /// Rows per thread of the value gathers (GATHER_ITEMS in gather.cu).
 const GATHER_ITEMS: u64 = 4;
