@@ -7,8 +7,11 @@
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
-//!     [--placements] [--pinned] [--workers N] [--set NAME=VALUE ...]
+//!     [--placements] [--pinned] [--workers N] [--duckdb SCRIPT] [--csv FILE] [--set NAME=VALUE ...]
 //! ```
+//!
+//! A progress bar over the queries' runs shows on standard error where
+//! that is a terminal; each query's line goes to standard output.
 //!
 //! `--tpcds QUERY_DIR` runs TPC-DS instead: its 24 tables generated (in
 //! memory, or as Parquet files with `--parquet`), and the queries of the
@@ -55,6 +58,14 @@
 //! distributed.NAME=VALUE` sets one of `datafusion-distributed`'s options
 //! in both clusters (`--set distributed.file_scan_config_bytes_per_partition=1`
 //! spreads even small scans over every worker).
+//!
+//! `--duckdb SCRIPT` (with `--parquet`) also runs each query on DuckDB, over
+//! the same files on the same host: `SCRIPT` is `scripts/duckdb-queries.py`,
+//! started once with the interpreter `PYTHON` names (`python3` without it),
+//! which times the same statements, a warm-up and then `--iterations` runs,
+//! as the sessions are timed, query by query between theirs. DuckDB's rows
+//! are counted, not compared. `--csv FILE` writes each query's figures to
+//! `FILE` as well.
 
 // Both sessions run on mimalloc, the allocator DataFusion's own command-line
 // tool and benchmark runner are built with, so DataFusion is timed as its own
@@ -80,6 +91,12 @@ use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, 
 use gpu_join_workloads::{self as workloads, is_query, tpcds, tpch};
 use tokio::net::TcpListener;
 
+mod duckdb;
+mod report;
+
+use duckdb::DuckDb;
+use report::{QueryFigures, Report};
+
 struct Args {
     scale_factor: f64,
     backend: BackendChoice,
@@ -103,6 +120,10 @@ struct Args {
     settings: Vec<(String, String)>,
     /// Workers of each session's cluster; none: single-node sessions.
     workers: usize,
+    /// `scripts/duckdb-queries.py`, to run each query on DuckDB too.
+    duckdb: Option<PathBuf>,
+    /// Where each query's figures are written as CSV.
+    csv: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -124,10 +145,14 @@ fn parse_args() -> Result<Args> {
         tpcds: None,
         settings: vec![],
         workers: 0,
+        duckdb: None,
+        csv: None,
     };
     let mut it = std::env::args().skip(1);
     let bad = |what: &str| {
-        DataFusionError::Configuration(format!("bad value for {what}; see the usage at the top of examples/tpch.rs"))
+        DataFusionError::Configuration(format!(
+            "bad value for {what}; see the usage at the top of examples/tpch/main.rs"
+        ))
     };
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or_else(|| bad(&arg));
@@ -153,6 +178,8 @@ fn parse_args() -> Result<Args> {
             "--parquet" => args.parquet = Some(PathBuf::from(value()?)),
             "--tpcds" => args.tpcds = Some(PathBuf::from(value()?)),
             "--workers" => args.workers = value()?.parse().map_err(|_| bad("--workers"))?,
+            "--duckdb" => args.duckdb = Some(PathBuf::from(value()?)),
+            "--csv" => args.csv = Some(PathBuf::from(value()?)),
             "--set" => {
                 let setting = value()?;
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
@@ -169,6 +196,11 @@ fn parse_args() -> Result<Args> {
     if args.workers > 0 && args.parquet.is_none() {
         return Err(DataFusionError::Configuration(
             "--workers needs --parquet: the workers read the tables from files".to_string(),
+        ));
+    }
+    if args.duckdb.is_some() && args.parquet.is_none() {
+        return Err(DataFusionError::Configuration(
+            "--duckdb needs --parquet: DuckDB reads the tables from the files the sessions read".to_string(),
         ));
     }
     if args.queries.is_empty() {
@@ -278,10 +310,11 @@ struct Timing {
 /// sessions take turns run by run, each going first every other time, so
 /// that neither gains from running after the other (warmer caches, files,
 /// allocator).
-async fn timed(sessions: &[&SessionContext], query: usize, args: &Args) -> Result<Vec<Timing>> {
+async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: &Report) -> Result<Vec<Timing>> {
     let mut results = vec![];
     for ctx in sessions {
         results.push(args.run(ctx, query).await?);
+        report.ran();
     }
     let mut times = vec![vec![]; sessions.len()];
     let mut plannings = vec![vec![]; sessions.len()];
@@ -296,6 +329,7 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args) -> Resul
             times.push(start.elapsed());
             plannings.push(planning);
             *result = rows;
+            report.ran();
         }
     }
     Ok(times
@@ -311,7 +345,27 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
-async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<String> {
+/// Where a query's joins go, as the GPU session plans them.
+struct Placements {
+    on_gpu: Vec<String>,
+    /// Each with the reason it stays.
+    on_datafusion: Vec<String>,
+}
+
+impl std::fmt::Display for Placements {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} joins on GPU join [{}], {} on DataFusion [{}]",
+            self.on_gpu.len(),
+            self.on_gpu.join("; "),
+            self.on_datafusion.len(),
+            self.on_datafusion.join("; ")
+        )
+    }
+}
+
+async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<Placements> {
     let mut on_gpu = vec![];
     let mut on_cpu = vec![];
     for statement in args.statements(query)? {
@@ -329,13 +383,7 @@ async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<S
             }
         }
     }
-    Ok(format!(
-        "{} joins on GPU join [{}], {} on DataFusion [{}]",
-        on_gpu.len(),
-        on_gpu.join("; "),
-        on_cpu.len(),
-        on_cpu.join("; ")
-    ))
+    Ok(Placements { on_gpu, on_datafusion: on_cpu })
 }
 
 /// The lines of EXPLAIN ANALYZE for the query's statements.
@@ -375,6 +423,7 @@ async fn main() -> Result<()> {
             (gpu, cluster_session(&args, false).await?.0, Some(session(&args, true)?), workers)
         }
     };
+    let mut files = None;
     let source = match &args.parquet {
         Some(dir) => {
             let folder = match &args.tpcds {
@@ -387,7 +436,9 @@ async fn main() -> Result<()> {
                     None => tpch::register_parquet(ctx, &folder).await?,
                 }
             }
-            format!("as Parquet files in {}", folder.display())
+            let source = format!("as Parquet files in {}", folder.display());
+            files = Some(folder);
+            source
         }
         None => {
             match &args.tpcds {
@@ -417,22 +468,36 @@ async fn main() -> Result<()> {
             n => format!("; each session a cluster of {n} workers on this host"),
         }
     );
+    let mut duckdb = match (&args.duckdb, &files) {
+        (Some(script), Some(folder)) => Some(DuckDb::start(script, folder)?),
+        _ => None,
+    };
+    if let Some(duckdb) = &duckdb {
+        println!("DuckDB {} on the same files, between the sessions' turns", duckdb.version);
+    }
+    let sessions_per_query = 1 + usize::from(args.compare) + usize::from(single_node.is_some());
+    let runs = match args.placements {
+        true => 0,
+        false => args.queries.len() * sessions_per_query * (args.iterations + 1),
+    };
+    let mut report = Report::new(runs, args.csv.as_deref())?;
     let mut failures = vec![];
     for &query in &args.queries {
+        report.start(query);
         if args.placements {
-            println!("Q{query:02} {}", placements(&gpu, query, &args).await?);
+            report.line(&format!("Q{query:02} {}", placements(&gpu, query, &args).await?));
             continue;
         }
         let mut sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
         sessions.extend(&single_node);
         let joins_before = workers.as_ref().map(|w| (w.joins().on_gpu(), w.joins().on_datafusion()));
-        let mut timings = match timed(&sessions, query, &args).await {
+        let mut timings = match timed(&sessions, query, &args, &report).await {
             Ok(timings) => timings.into_iter(),
             Err(e) => {
                 match args.compare && args.run(&cpu, query).await.is_err() {
-                    true => println!("Q{query:02} skipped: DataFusion alone fails on it too ({e})"),
+                    true => report.line(&format!("Q{query:02} skipped: DataFusion alone fails on it too ({e})")),
                     false => {
-                        println!("Q{query:02} FAILED: {e}");
+                        report.line(&format!("Q{query:02} FAILED: {e}"));
                         failures.push(format!("Q{query}: {e}"));
                     }
                 }
@@ -442,6 +507,7 @@ async fn main() -> Result<()> {
         let Timing { time, planning, rows: batches } =
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut figures = QueryFigures { query, gpu: time, rows, same_rows: true, ..Default::default() };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
         if args.compare
             && let Some(cpu) = timings.next()
@@ -456,6 +522,8 @@ async fn main() -> Result<()> {
             if !same {
                 failures.push(format!("Q{query}: rows differ from DataFusion's"));
             }
+            figures.datafusion = Some(cpu.time);
+            figures.same_rows &= same;
         }
         if let Some(single) = timings.next() {
             let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&single.rows)?;
@@ -466,13 +534,27 @@ async fn main() -> Result<()> {
             if !same {
                 failures.push(format!("Q{query}: rows differ from the single-node GPU session's"));
             }
+            figures.single_node_gpu = Some(single.time);
+            figures.same_rows &= same;
+        }
+        if let Some(duckdb) = &mut duckdb {
+            report.start(query);
+            let run = duckdb.run(&args.statements(query)?, args.iterations)?;
+            match &run {
+                Ok((time, rows)) => {
+                    line.push_str(&format!(" | DuckDB {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3))
+                }
+                Err(error) => line.push_str(&format!(" | DuckDB failed: {error}")),
+            }
+            figures.duckdb = Some(run);
         }
         if let (Some(workers), Some((gpu_before, datafusion_before))) = (&workers, joins_before) {
             let runs = args.iterations + 1;
+            figures.joins_on_gpu = (workers.joins().on_gpu() - gpu_before) / runs;
+            figures.joins_on_datafusion = (workers.joins().on_datafusion() - datafusion_before) / runs;
             line.push_str(&format!(
                 " | joins per run on the workers: {} GPU, {} DataFusion",
-                (workers.joins().on_gpu() - gpu_before) / runs,
-                (workers.joins().on_datafusion() - datafusion_before) / runs
+                figures.joins_on_gpu, figures.joins_on_datafusion
             ));
         }
         if args.validate {
@@ -484,14 +566,15 @@ async fn main() -> Result<()> {
                 }
             }
         }
-        match args.workers {
-            0 => println!("{line}\n      {}", placements(&gpu, query, &args).await?),
-            _ => println!("{line}"),
+        if args.workers == 0 {
+            let placed = placements(&gpu, query, &args).await?;
+            (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
+            line.push_str(&format!("\n      {placed}"));
         }
         if args.explain {
-            for line in explain_analyze(&gpu, query, &args).await? {
-                if line.contains("GpuJoinExec") {
-                    println!("      {line}");
+            for explained in explain_analyze(&gpu, query, &args).await? {
+                if explained.contains("GpuJoinExec") {
+                    line.push_str(&format!("\n      {explained}"));
                 }
             }
         }
@@ -501,13 +584,16 @@ async fn main() -> Result<()> {
                 sessions.push(("DataFusion", &cpu));
             }
             for (name, ctx) in sessions {
-                println!("      {name}'s plan:");
-                for line in explain_analyze(ctx, query, &args).await? {
-                    println!("        {line}");
+                line.push_str(&format!("\n      {name}'s plan:"));
+                for explained in explain_analyze(ctx, query, &args).await? {
+                    line.push_str(&format!("\n        {explained}"));
                 }
             }
         }
+        report.line(&line);
+        report.figures(&figures)?;
     }
+    report.finish();
     if failures.is_empty() {
         Ok(())
     } else {
