@@ -18,7 +18,10 @@ cargo build --profile device --tests --benches --examples --message-format=json-
 # TPC-H job is also packed, stripped, into an archive of its own
 # (gpu-bundle/tpch/tpch.tar.xz), to be carried alone or beside the rest,
 # with the TPC-DS query files of GPU_BUNDLE_TPCDS_QUERIES (a folder of
-# queryN.sql, see docs/benchmarks.md) where that is set.
+# queryN.sql, see docs/benchmarks.md) where that is set, and DuckDB's
+# runner (scripts/duckdb-queries.py) with the wheel GPU_BUNDLE_DUCKDB_WHEEL
+# names, for the GPU machine's Python, where that is set. The wheel makes
+# that archive about 51 MB: carry it alone then.
 python3 - "$messages" "$stage/bin" <<'PY'
 import json, os, shutil, sys
 wanted = {("test", "integration"), ("bench", "kernels"), ("bench", "operator")}
@@ -65,6 +68,11 @@ if [ -d "$tpch_bin" ]; then
     if [ -n "${GPU_BUNDLE_TPCDS_QUERIES:-}" ]; then
         mkdir -p "$stage.tpch/tpcds-queries"
         cp "$GPU_BUNDLE_TPCDS_QUERIES"/query*.sql "$stage.tpch/tpcds-queries/"
+    fi
+    cp scripts/duckdb-queries.py "$stage.tpch/"
+    if [ -n "${GPU_BUNDLE_DUCKDB_WHEEL:-}" ]; then
+        mkdir -p "$stage.tpch/duckdb"
+        cp "$GPU_BUNDLE_DUCKDB_WHEEL" "$stage.tpch/duckdb/"
     fi
     tar -C "$stage.tpch" -cf - . | xz -T2 -6 >gpu-bundle/tpch/tpch.tar.xz
     rm -rf "$stage.tpch" "$stage.tpch-bin"

@@ -16,6 +16,11 @@
 #   tpch-parquet      the same from Parquet files
 #   tpch-parquet-10   TPC-H SF 10 from Parquet against DataFusion, the session's defaults
 #   tpch-10           TPC-H SF 10 in memory against DataFusion, the session's defaults
+#   tpch-parquet-100  TPC-H SF 100 from Parquet against DataFusion and DuckDB, the
+#                     session's defaults, each session's CPU time by operator;
+#                     TPCH100_QUERIES (comma-separated) spreads the queries over calls
+#   cluster-10        TPC-H SF 10 from Parquet on clusters of WORKERS (default 2)
+#                     workers on this host, against the single-node GPU session
 #   tpcds             TPC-DS SF 1 against DataFusion, every join the GPU join takes on it
 #   tpcds-10          TPC-DS SF 10 against DataFusion, the session's defaults
 #   tpcds-parquet     TPC-DS SF 1 from Parquet files, every join the GPU join takes on it
@@ -31,7 +36,10 @@
 # runs only those queries in the SF 10 steps, to spread them over calls.
 # The Parquet steps write their files under PARQUET_DIR (default: a fresh
 # folder of this run), where a later run on the same machine finds them.
-# Each step writes LOG_DIR/STEP.log; LOG_DIR/summary.txt lists exit codes.
+# DuckDB comes from the wheel packed with the TPC-H job (GPU_BUNDLE_DUCKDB_WHEEL
+# in gpu-bundle.sh), installed for this machine's python3.
+# Each step writes LOG_DIR/STEP.log (and the TPC-H steps with --csv
+# LOG_DIR/STEP.csv); LOG_DIR/summary.txt lists exit codes.
 # STEP_TIMEOUT (seconds, default 3600) bounds each step.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +51,10 @@ work=$(mktemp -d)
 [ -f "$here/bundle.tar.xz" ] && tar -xJf "$here/bundle.tar.xz" -C "$work"
 [ -f "$here/tpch/tpch.tar.xz" ] && tar -xJf "$here/tpch/tpch.tar.xz" -C "$work"
 cd "$work"
+if ls "$work"/duckdb/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" "$work"/duckdb/*.whl
+    export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 export GPU_JOIN_TEST_BACKEND=cuda
 export DATAFUSION_SQLLOGICTEST_FILES="$work/datafusion-test-files"
@@ -86,6 +98,11 @@ for name in $steps; do
         --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" ;;
     tpch-10) step tpch-10 ./bin/tpch --sf 10 --compare --iterations 3 \
         --min-rows 10000000 --min-build-rows 262144 ;;
+    tpch-parquet-100) step tpch-parquet-100 ./bin/tpch --sf 100 --compare --iterations 1 \
+        --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" --queries "${TPCH100_QUERIES:-$(seq -s, 1 22)}" \
+        --duckdb "$work/duckdb-queries.py" --breakdown --csv "$logs/tpch-parquet-100.csv" ;;
+    cluster-10) step cluster-10 ./bin/tpch --sf 10 --parquet "$parquet" --workers "${WORKERS:-2}" --compare \
+        --iterations 1 --csv "$logs/cluster-10.csv" ;;
     tpcds) step tpcds ./bin/tpch --tpcds "$work/tpcds-queries" --sf 1 --compare \
         --queries "$(seq -s, 1 71),$(seq -s, 73 99)" ;;
     tpcds-10) step tpcds-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare --iterations 3 \

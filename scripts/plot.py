@@ -8,6 +8,7 @@ PLOT is one of:
     operator  docs/data/operator-h200.csv     -> docs/operator-h200.png
     tpch      docs/data/tpch-sf10-h200.csv    -> docs/tpch-sf10-h200.png
     tpcds     docs/data/tpcds-sf10-h100.csv   -> docs/tpcds-sf10-h100.png
+    engines   docs/data/tpch-parquet-sf100-h200.csv -> docs/tpch-sf100-h200.png
     all       every plot above, from its default files
 
 CSV and PNG replace the default files, for a new measurement of the same
@@ -31,6 +32,7 @@ DEFAULTS = {
     "operator": ("data/operator-h200.csv", "operator-h200.png"),
     "tpch": ("data/tpch-sf10-h200.csv", "tpch-sf10-h200.png"),
     "tpcds": ("data/tpcds-sf10-h100.csv", "tpcds-sf10-h100.png"),
+    "engines": ("data/tpch-parquet-sf100-h200.csv", "tpch-sf100-h200.png"),
 }
 
 
@@ -173,7 +175,29 @@ def tpcds(rows, target):
     )
 
 
-PLOTS = {"kernels": kernels, "operator": operator, "tpch": tpch, "tpcds": tpcds}
+def engines(rows, target):
+    """Seconds per query of the three engines the `tpch` job's `--duckdb`
+    runs side by side, from its `--csv` file."""
+    columns = [("gpu_session_ms", "GPU session", "tab:blue"), ("datafusion_ms", "DataFusion", "tab:gray"),
+               ("duckdb_ms", "DuckDB", "tab:orange")]
+    figure, axis = plt.subplots(figsize=(14, 5))
+    width = 0.27
+    for k, (column, name, colour) in enumerate(columns):
+        seconds = [float(row[column]) / 1000 if row[column] else 0.0 for row in rows]
+        total = sum(seconds)
+        axis.bar([i + (k - 1) * width for i in range(len(rows))], seconds, width, color=colour,
+                 label=f"{name}: {total:.1f} s in all")
+    axis.set_xticks(range(len(rows)), [row["query"] for row in rows], fontsize=9)
+    axis.set_xlim(-0.6, len(rows) - 0.4)
+    axis.set_ylabel("seconds")
+    axis.set_title(f"TPC-H SF 100 from Parquet, a session's defaults, {one(rows, 'machine')}, code {one(rows, 'code')}",
+                   fontsize=10)
+    axis.legend(fontsize=9, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(target, dpi=110)
+
+
+PLOTS = {"kernels": kernels, "operator": operator, "tpch": tpch, "tpcds": tpcds, "engines": engines}
 
 
 def main(arguments):

@@ -7,7 +7,8 @@
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
 //!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
-//!     [--placements] [--pinned] [--workers N] [--duckdb SCRIPT] [--csv FILE] [--set NAME=VALUE ...]
+//!     [--placements] [--pinned] [--workers N] [--duckdb SCRIPT] [--csv FILE] [--breakdown]
+//!     [--set NAME=VALUE ...]
 //! ```
 //!
 //! A progress bar over the queries' runs shows on standard error where
@@ -66,6 +67,12 @@
 //! as the sessions are timed, query by query between theirs. DuckDB's rows
 //! are counted, not compared. `--csv FILE` writes each query's figures to
 //! `FILE` as well.
+//!
+//! `--breakdown` adds, for each session's last run of a query, the CPU
+//! time of each kind of operator, summed over its partitions (the scans'
+//! decoding, the joins, the aggregates, …): where a query's time goes
+//! besides its joins. On a cluster it counts the coordinator's own part of
+//! the plan only.
 
 // Both sessions run on mimalloc, the allocator DataFusion's own command-line
 // tool and benchmark runner are built with, so DataFusion is timed as its own
@@ -124,6 +131,8 @@ struct Args {
     duckdb: Option<PathBuf>,
     /// Where each query's figures are written as CSV.
     csv: Option<PathBuf>,
+    /// Each session's CPU time by operator, per query.
+    breakdown: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -147,6 +156,7 @@ fn parse_args() -> Result<Args> {
         workers: 0,
         duckdb: None,
         csv: None,
+        breakdown: false,
     };
     let mut it = std::env::args().skip(1);
     let bad = |what: &str| {
@@ -180,6 +190,7 @@ fn parse_args() -> Result<Args> {
             "--workers" => args.workers = value()?.parse().map_err(|_| bad("--workers"))?,
             "--duckdb" => args.duckdb = Some(PathBuf::from(value()?)),
             "--csv" => args.csv = Some(PathBuf::from(value()?)),
+            "--breakdown" => args.breakdown = true,
             "--set" => {
                 let setting = value()?;
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
@@ -225,8 +236,9 @@ impl Args {
         workloads::run_statements(ctx, &self.statements(query)?).await
     }
 
-    /// The query's rows, and the part of its time spent planning.
-    async fn run_timing_planning(&self, ctx: &SessionContext, query: usize) -> Result<(Vec<RecordBatch>, Duration)> {
+    /// The query's rows, the part of its time spent planning, and the CPU
+    /// time of each kind of operator.
+    async fn run_timed(&self, ctx: &SessionContext, query: usize) -> Result<workloads::Run> {
         workloads::run_statements_timed(ctx, &self.statements(query)?).await
     }
 }
@@ -299,11 +311,12 @@ async fn cluster_session(args: &Args, gpu: bool) -> Result<(SessionContext, Opti
 }
 
 /// A session's median time of its timed runs, the median of their
-/// planning, and its last result.
+/// planning, and its last run's result and time by operator.
 struct Timing {
     time: Duration,
     planning: Duration,
     rows: Vec<RecordBatch>,
+    operators: Vec<(String, Duration)>,
 }
 
 /// Each session's timing of `iterations` runs after one warm-up run. The
@@ -313,7 +326,7 @@ struct Timing {
 async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: &Report) -> Result<Vec<Timing>> {
     let mut results = vec![];
     for ctx in sessions {
-        results.push(args.run(ctx, query).await?);
+        results.push(args.run_timed(ctx, query).await?);
         report.ran();
     }
     let mut times = vec![vec![]; sessions.len()];
@@ -325,10 +338,10 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
         }
         for ((ctx, result), (times, plannings)) in turns {
             let start = Instant::now();
-            let (rows, planning) = args.run_timing_planning(ctx, query).await?;
+            let run = args.run_timed(ctx, query).await?;
             times.push(start.elapsed());
-            plannings.push(planning);
-            *result = rows;
+            plannings.push(run.planning);
+            *result = run;
             report.ran();
         }
     }
@@ -336,8 +349,26 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
         .into_iter()
         .zip(plannings)
         .zip(results)
-        .map(|((times, plannings), rows)| Timing { time: median(times), planning: median(plannings), rows })
+        .map(|((times, plannings), run)| Timing {
+            time: median(times),
+            planning: median(plannings),
+            rows: run.rows,
+            operators: run.operators,
+        })
         .collect())
+}
+
+/// The operators that took at least 1% of a run's CPU time, the largest
+/// first, and the total.
+fn by_operator(operators: &[(String, Duration)]) -> String {
+    let total: Duration = operators.iter().map(|(_, time)| *time).sum();
+    let mut parts: Vec<String> = operators
+        .iter()
+        .filter(|(_, time)| time.as_secs_f64() >= total.as_secs_f64() / 100.0)
+        .map(|(name, time)| format!("{name} {:.2} s", time.as_secs_f64()))
+        .collect();
+    parts.push(format!("in all {:.2} s", total.as_secs_f64()));
+    parts.join(", ")
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -504,10 +535,14 @@ async fn main() -> Result<()> {
                 continue;
             }
         };
-        let Timing { time, planning, rows: batches } =
+        let Timing { time, planning, rows: batches, operators } =
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut figures = QueryFigures { query, gpu: time, rows, same_rows: true, ..Default::default() };
+        let mut breakdowns = match args.breakdown {
+            true => vec![("GPU session", operators)],
+            false => vec![],
+        };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
         if args.compare
             && let Some(cpu) = timings.next()
@@ -524,6 +559,9 @@ async fn main() -> Result<()> {
             }
             figures.datafusion = Some(cpu.time);
             figures.same_rows &= same;
+            if args.breakdown {
+                breakdowns.push(("DataFusion", cpu.operators));
+            }
         }
         if let Some(single) = timings.next() {
             let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&single.rows)?;
@@ -570,6 +608,9 @@ async fn main() -> Result<()> {
             let placed = placements(&gpu, query, &args).await?;
             (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
             line.push_str(&format!("\n      {placed}"));
+        }
+        for (session, operators) in &breakdowns {
+            line.push_str(&format!("\n      {session}, CPU time by operator: {}", by_operator(operators)));
         }
         if args.explain {
             for explained in explain_analyze(&gpu, query, &args).await? {

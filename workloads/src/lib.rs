@@ -6,6 +6,7 @@ mod parquet;
 pub mod tpcds;
 pub mod tpch;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::{MemTable, SchemaProvider};
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
-use datafusion::physical_plan::collect;
+use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionContext;
 
 use datafusion_gpu_join::GpuJoinContextExt;
@@ -82,25 +83,62 @@ pub fn is_query(statement: &str) -> bool {
 /// Runs `statements` in order and returns the rows of every query among
 /// them, one after another.
 pub async fn run_statements(ctx: &SessionContext, statements: &[String]) -> Result<Vec<RecordBatch>> {
-    Ok(run_statements_timed(ctx, statements).await?.0)
+    Ok(run_statements_timed(ctx, statements).await?.rows)
 }
 
-/// As [`run_statements`], with the part of their time spent planning (SQL
-/// to the physical plan, the session's optimizer rules included).
-pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<(Vec<RecordBatch>, Duration)> {
-    let (mut rows, mut planning) = (vec![], Duration::ZERO);
+/// One run of a query's statements.
+pub struct Run {
+    /// The rows of every query among the statements, one after another.
+    pub rows: Vec<RecordBatch>,
+    /// The part of the run spent planning (SQL to the physical plan, the
+    /// session's optimizer rules included).
+    pub planning: Duration,
+    /// The CPU time each kind of operator of the executed plans spent,
+    /// summed over its partitions and its nodes, the largest first.
+    pub operators: Vec<(String, Duration)>,
+}
+
+/// As [`run_statements`], with the time spent planning and in each kind of
+/// operator.
+pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
+    let (mut rows, mut planning, mut operators) = (vec![], Duration::ZERO, BTreeMap::new());
     for statement in statements {
         let start = Instant::now();
         let frame = ctx.sql(statement).await?;
         let task = Arc::new(frame.task_ctx());
         let plan = frame.create_physical_plan().await?;
         planning += start.elapsed();
-        let batches = collect(plan, task).await?;
+        let batches = collect(Arc::clone(&plan), task).await?;
+        add_operator_times(&plan, &mut operators);
         if is_query(statement) {
             rows.extend(batches);
         }
     }
-    Ok((rows, planning))
+    let mut operators: Vec<_> = operators.into_iter().collect();
+    operators.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(Run { rows, planning, operators })
+}
+
+/// Adds the CPU time of each node of an executed plan to its operator's
+/// entry: the time of its own work, which for a scan of files is the time
+/// its streams spent decoding (`time_elapsed_processing`: its
+/// `elapsed_compute` counts only the polls), for a repartition the time it
+/// spent hashing and splitting batches (`repartition_time`), and for the
+/// other operators their `elapsed_compute`. A node's own time is meant to
+/// leave out its children's, so the entries add up to about the plan's CPU
+/// time.
+fn add_operator_times(plan: &Arc<dyn ExecutionPlan>, operators: &mut BTreeMap<String, Duration>) {
+    if let Some(metrics) = plan.metrics() {
+        let own_work = |name| metrics.sum_by_name(name).map(|value| value.as_usize());
+        let nanos = own_work("time_elapsed_processing")
+            .or_else(|| own_work("repartition_time"))
+            .or_else(|| metrics.elapsed_compute())
+            .unwrap_or(0);
+        *operators.entry(plan.name().to_string()).or_default() += Duration::from_nanos(nanos as u64);
+    }
+    for child in plan.children() {
+        add_operator_times(child, operators);
+    }
 }
 
 /// Result rows as text cells, in order.
