@@ -192,6 +192,64 @@ impl fmt::Display for MemoryLimit {
 
 config_field!(MemoryLimit);
 
+/// The devices a join spreads its partitions over (`gpu_join.devices`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeviceList {
+    /// The one device `gpu_join.device` names.
+    #[default]
+    One,
+    /// Every device the driver makes visible.
+    All,
+    /// These ordinals, in this order; one named twice is used twice.
+    Ordinals(Vec<usize>),
+}
+
+impl DeviceList {
+    /// The ordinals of the devices, `device` being `gpu_join.device` and
+    /// `visible` how many devices there are.
+    pub fn ordinals(&self, device: usize, visible: impl FnOnce() -> usize) -> Vec<usize> {
+        match self {
+            DeviceList::One => vec![device],
+            DeviceList::All => (0..visible().max(1)).collect(),
+            DeviceList::Ordinals(ordinals) => ordinals.clone(),
+        }
+    }
+}
+
+impl FromStr for DeviceList {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "one" => Ok(DeviceList::One),
+            "all" => Ok(DeviceList::All),
+            list => {
+                match list.split(',').map(|o| o.trim().parse::<usize>()).collect::<std::result::Result<Vec<_>, _>>() {
+                    Ok(ordinals) if !ordinals.is_empty() => Ok(DeviceList::Ordinals(ordinals)),
+                    _ => config_err!(
+                        "gpu_join.devices: '{s}' is not 'one' (the device gpu_join.device names), 'all' (every \
+                     visible device) or a comma-separated list of device ordinals such as '0,1'"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceList::One => f.write_str("one"),
+            DeviceList::All => f.write_str("all"),
+            DeviceList::Ordinals(ordinals) => {
+                let text: Vec<String> = ordinals.iter().map(usize::to_string).collect();
+                f.write_str(&text.join(","))
+            }
+        }
+    }
+}
+
+config_field!(DeviceList);
+
 extensions_options! {
     /// Options of the GPU join, set with `SET gpu_join.<name> = <value>`.
     pub struct GpuJoinConfig {
@@ -242,6 +300,16 @@ extensions_options! {
         pub build_smaller_side: bool, default = true
         /// The CUDA device the joins run on.
         pub device: usize, default = 0
+        /// The devices each join spreads its partitions over, each with its
+        /// own admission queue and memory budget: `one` (the device
+        /// `gpu_join.device` names), `all` (every visible device), or
+        /// ordinals such as `0,1` (one named twice is used twice). Partition
+        /// `p` of a `Partitioned` join runs on the `p mod n`-th device, with
+        /// its own build side; a `CollectLeft` join, whose one build side
+        /// serves every probe partition, runs on the first. On the CPU
+        /// backend each listed device is an instance of its own (`all` is
+        /// one).
+        pub devices: DeviceList, default = DeviceList::One
         /// The device memory the GPU join may hold at once: `auto` (80% of
         /// the memory free when the device is first opened), a size such as
         /// `40G` or `512M`, or a percentage such as `75%`. The device's pool
@@ -400,5 +468,20 @@ mod tests {
         }
         let err = "gpu".parse::<BackendChoice>().unwrap_err().to_string();
         assert!(err.contains("auto, cuda, cpu"), "{err}");
+    }
+
+    #[test]
+    fn device_lists_parse_and_name_their_ordinals() {
+        assert_eq!("one".parse::<DeviceList>().unwrap().ordinals(3, || 8), vec![3]);
+        assert_eq!(" ALL ".parse::<DeviceList>().unwrap().ordinals(3, || 2), vec![0, 1]);
+        assert_eq!("all".parse::<DeviceList>().unwrap().ordinals(0, || 0), vec![0]);
+        assert_eq!("1, 0,1".parse::<DeviceList>().unwrap().ordinals(0, || 2), vec![1, 0, 1]);
+        for text in ["one", "all", "0,0", "2,1"] {
+            assert_eq!(text.parse::<DeviceList>().unwrap().to_string(), text);
+        }
+        for bad in ["", "0,,1", "-1", "gpu0", "0;1"] {
+            let err = bad.parse::<DeviceList>().unwrap_err().to_string();
+            assert!(err.contains("gpu_join.devices") && err.contains("'0,1'"), "{bad}: {err}");
+        }
     }
 }

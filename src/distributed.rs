@@ -45,7 +45,7 @@ use datafusion_distributed::{
     WorkerSessionBuilder,
 };
 
-use crate::config::GpuJoinConfig;
+use crate::config::{DeviceList, GpuJoinConfig};
 use crate::rule::{JoinDecision, Placement, replace_joins_as_planned};
 
 /// Turns a session being built into the coordinator of a cluster whose
@@ -149,8 +149,9 @@ impl GpuJoinWorker {
         Self::default()
     }
 
-    /// A worker that joins on its own CUDA device `ordinal`, whatever the
-    /// coordinator's `gpu_join.device`: device ordinals are a host's own.
+    /// A worker that joins on its own CUDA device `ordinal` alone, whatever
+    /// the coordinator's `gpu_join.device` and `gpu_join.devices`: device
+    /// ordinals are a host's own.
     pub fn on_device(ordinal: usize) -> Self {
         Self { device: Some(ordinal), ..Self::default() }
     }
@@ -167,8 +168,10 @@ impl GpuJoinWorker {
         if let Some(device) = self.device {
             let config = builder.config().get_or_insert_with(SessionConfig::new);
             let options = config.options_mut().extensions.get_mut::<GpuJoinConfig>();
-            options.ok_or_else(|| internal_datafusion_err!("GPU join: the worker's options are missing"))?.device =
-                device;
+            let options =
+                options.ok_or_else(|| internal_datafusion_err!("GPU join: the worker's options are missing"))?;
+            options.device = device;
+            options.devices = DeviceList::One;
         }
         let swap = SwapJoins { joins: Arc::clone(&self.joins) };
         Ok(builder.with_distributed_worker_plan_rewrite_handler(swap).build())

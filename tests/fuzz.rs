@@ -35,7 +35,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{sorted_rows, test_backend, test_options};
+use crate::common::{sorted_rows, test_backend, test_devices, test_options};
 
 const JOIN_TYPES: [JoinType; 10] = [
     JoinType::Inner,
@@ -190,6 +190,9 @@ struct Case {
     /// array, so that small inputs are joined in pieces and their output
     /// cut into several batches, as huge ones are.
     limits: Option<JoinLimits>,
+    /// Devices the join spreads over (`gpu_join.devices`): instances of
+    /// their own on the CPU backend, the one GPU listed again on CUDA.
+    devices: usize,
     left: (SchemaRef, Vec<Vec<RecordBatch>>),
     right: (SchemaRef, Vec<Vec<RecordBatch>>),
 }
@@ -201,7 +204,7 @@ impl std::fmt::Debug for Case {
         write!(
             f,
             "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={} (compared {}, on backend {}), \
-             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, limits {:?}, {} build rows, {} probe rows",
+             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, limits {:?}, {} devices, {} build rows, {} probe rows",
             self.seed,
             self.seed,
             self.join_type,
@@ -221,6 +224,7 @@ impl std::fmt::Debug for Case {
             self.probe_device_gather_ratio,
             self.pinned,
             self.limits,
+            self.devices,
             rows(&self.left),
             rows(&self.right),
         )
@@ -348,6 +352,7 @@ fn random_case(seed: u64) -> Case {
             pairs: *[1, 40, 1000].choose(&mut rng).expect("non-empty"),
             array_values: *[1, 30, 1 << 20].choose(&mut rng).expect("non-empty"),
         }),
+        devices: *[1, 1, 2, 3].choose(&mut rng).expect("non-empty"),
         left,
         right,
     }
@@ -455,7 +460,8 @@ async fn run_case(case: &Case) -> Result<(), String> {
         }
         false => hash_join(case),
     };
-    let gpu = GpuJoinExec::try_new(&join, backend, &options, ReplacedOperator::HashJoin).map_err(|e| e.to_string())?;
+    let gpu = GpuJoinExec::try_new(&join, test_devices(case.devices), &options, ReplacedOperator::HashJoin)
+        .map_err(|e| e.to_string())?;
     let mut config = SessionConfig::new().with_batch_size(case.batch_size).with_option_extension(options);
     if let Some(limits) = case.limits {
         config = config.with_extension(Arc::new(limits));

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod devices;
 mod distributed;
 mod dynamic_filters;
 mod fuzz;

@@ -18,7 +18,7 @@ pub mod cuda;
 mod handle;
 
 pub use cuda::compile_kernels as compile_cuda_kernels;
-pub use handle::{BackendHandle, cuda_backend};
+pub use handle::{BackendHandle, Devices, cuda_backend};
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -28,6 +28,9 @@ impl DisplayAs for GpuJoinExec {
                     self.partition_mode(),
                     self.join_type(),
                 )?;
+                if self.devices().len() > 1 {
+                    write!(f, ", devices={:?}", self.devices().ordinals())?;
+                }
                 if let Some(filter) = self.filter() {
                     let on = if self.definition.pair_filter.is_some() { "backend" } else { "host" };
                     write!(f, ", filter={}, filter_on={on}", filter.expression())?;

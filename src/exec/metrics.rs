@@ -45,10 +45,25 @@ pub(crate) struct GpuJoinMetrics {
     pub bytes_to_device: Count,
     pub bytes_from_device: Count,
     pub peak_device_memory: Gauge,
+    /// The device's share, where the join spreads over several.
+    device_share: Option<DeviceShare>,
+}
+
+/// What one device did for the partitions it ran, named after its
+/// ordinal (`device1_output_rows`, …), so that `EXPLAIN ANALYZE` shows each
+/// device's part beside the join's totals.
+#[derive(Debug, Clone)]
+struct DeviceShare {
+    output_rows: Count,
+    bytes_moved: Count,
+    time: Time,
+    peak_memory: Gauge,
 }
 
 impl GpuJoinMetrics {
-    pub fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    /// The metrics of partition `partition`, which runs on the device of
+    /// ordinal `device` where the join spreads over several.
+    pub fn new(metrics: &ExecutionPlanMetricsSet, partition: usize, device: Option<usize>) -> Self {
         let time = |name: &'static str| MetricBuilder::new(metrics).subset_time(name, partition);
         let count = |name: &'static str| MetricBuilder::new(metrics).counter(name, partition);
         Self {
@@ -73,6 +88,12 @@ impl GpuJoinMetrics {
             bytes_to_device: count("bytes_to_device"),
             bytes_from_device: count("bytes_from_device"),
             peak_device_memory: MetricBuilder::new(metrics).gauge("peak_device_memory", partition),
+            device_share: device.map(|ordinal| DeviceShare {
+                output_rows: MetricBuilder::new(metrics).counter(format!("device{ordinal}_output_rows"), partition),
+                bytes_moved: MetricBuilder::new(metrics).counter(format!("device{ordinal}_bytes_moved"), partition),
+                time: MetricBuilder::new(metrics).subset_time(format!("device{ordinal}_time"), partition),
+                peak_memory: MetricBuilder::new(metrics).gauge(format!("device{ordinal}_peak_memory"), partition),
+            }),
         }
     }
 
@@ -81,5 +102,19 @@ impl GpuJoinMetrics {
         self.bytes_to_device.add(counters.bytes_to_device() as usize);
         self.bytes_from_device.add(counters.bytes_from_device() as usize);
         self.peak_device_memory.set_max(counters.peak() as usize);
+        if let Some(share) = &self.device_share {
+            share.bytes_moved.add((counters.bytes_to_device() + counters.bytes_from_device()) as usize);
+            share.peak_memory.set_max(counters.peak() as usize);
+        }
+    }
+
+    /// Ends the partition: its output rows and time added to its device's
+    /// share.
+    pub fn done(&self) {
+        self.baseline.done();
+        if let Some(share) = &self.device_share {
+            share.output_rows.add(self.baseline.output_rows().value());
+            share.time.add_duration(std::time::Duration::from_nanos(self.baseline.elapsed_compute().value() as u64));
+        }
     }
 }

@@ -29,6 +29,7 @@ mod read_ahead;
 mod runner;
 mod runtime;
 mod smaller_side;
+mod spread;
 mod staging;
 mod twin;
 
@@ -57,7 +58,7 @@ use datafusion::physical_plan::{
 
 use crate::algorithms::choice::{self, PlanStatistics, PlannedSizes, planned_sizes};
 use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
-use crate::backend::BackendHandle;
+use crate::backend::{BackendHandle, Devices};
 use crate::config::GpuJoinConfig;
 use crate::testing::JoinLimits;
 use inputs::PartitionInputs;
@@ -89,7 +90,8 @@ impl ReplacedOperator {
 pub struct GpuJoinExec {
     twin: Arc<HashJoinExec>,
     definition: Arc<JoinDefinition>,
-    backend: BackendHandle,
+    /// The devices its partitions spread over ([`spread`]).
+    devices: Devices,
     replaces: ReplacedOperator,
     runner: Arc<dyn JoinRunner>,
     metrics: ExecutionPlanMetricsSet,
@@ -107,11 +109,11 @@ impl GpuJoinExec {
     /// A GPU join computing exactly what `join` computes.
     pub fn try_new(
         join: &HashJoinExec,
-        backend: BackendHandle,
+        devices: impl Into<Devices>,
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
     ) -> Result<Self> {
-        Self::try_new_ordered(join, backend, options, replaces, None, &PlanStatistics::default())
+        Self::try_new_ordered(join, devices.into(), options, replaces, None, &PlanStatistics::default())
     }
 
     /// A GPU join computing what `join` computes, in the order of the
@@ -119,7 +121,7 @@ impl GpuJoinExec {
     /// read from `statistics`.
     pub(crate) fn try_new_ordered(
         join: &HashJoinExec,
-        backend: BackendHandle,
+        devices: Devices,
         options: &GpuJoinConfig,
         replaces: ReplacedOperator,
         order: Option<SortMergeOrder>,
@@ -134,7 +136,7 @@ impl GpuJoinExec {
         let planned = planned_sizes(statistics, twin.right(), &probe_keys(&twin), build_sides(&twin));
         let definition = Arc::new(Self::definition(&twin, options, key_order, planned)?);
         let as_planned = replaces == ReplacedOperator::HashJoin;
-        Self::assemble(twin, definition, backend, replaces, ordered, None, as_planned)
+        Self::assemble(twin, definition, devices, replaces, ordered, None, as_planned)
     }
 
     /// Marks the join as run in another shape than DataFusion planned (its
@@ -153,7 +155,7 @@ impl GpuJoinExec {
     fn assemble(
         twin: Arc<HashJoinExec>,
         definition: Arc<JoinDefinition>,
-        backend: BackendHandle,
+        devices: Devices,
         replaces: ReplacedOperator,
         ordered: Option<OrderedOutput>,
         dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
@@ -163,14 +165,14 @@ impl GpuJoinExec {
         let probe_filter = dynamic_filter.map(|filter| ProbeFilter::new(filter, &twin).map(Arc::new)).transpose()?;
         let chosen = Arc::default();
         let runner = runner_for(
-            &backend,
+            &devices,
             Arc::clone(&definition),
             Arc::clone(&twin),
             twin.right().output_partitioning().partition_count(),
             Arc::clone(&chosen),
         );
         let metrics = ExecutionPlanMetricsSet::new();
-        Ok(Self { twin, definition, backend, replaces, runner, metrics, chosen, ordered, probe_filter, as_planned })
+        Ok(Self { twin, definition, devices, replaces, runner, metrics, chosen, ordered, probe_filter, as_planned })
     }
 
     fn definition(
@@ -223,7 +225,7 @@ impl GpuJoinExec {
             key_order,
             ..self.definition.as_ref().clone()
         });
-        Self::assemble(twin, definition, self.backend.clone(), self.replaces, ordered, dynamic_filter, self.as_planned)
+        Self::assemble(twin, definition, self.devices.clone(), self.replaces, ordered, dynamic_filter, self.as_planned)
     }
 
     /// The same join feeding the dynamic filter `replaced`, the
@@ -269,8 +271,20 @@ impl GpuJoinExec {
         self.definition.null_equality
     }
 
+    /// The backend of its devices; the first device's, which plans it.
     pub fn backend(&self) -> &BackendHandle {
-        &self.backend
+        self.devices.first()
+    }
+
+    pub fn devices(&self) -> &Devices {
+        &self.devices
+    }
+
+    /// The ordinal of the device partition `partition` runs on, where the
+    /// join spreads over several.
+    fn device_of(&self, partition: usize) -> Option<usize> {
+        let index = spread::device_of(partition, self.partition_mode(), self.devices.len());
+        self.devices.get(index).map(|(ordinal, _)| *ordinal).filter(|_| self.devices.len() > 1)
     }
 
     pub fn replaces(&self) -> ReplacedOperator {
@@ -288,8 +302,9 @@ impl GpuJoinExec {
     /// will choose; and the reasons of a weighed choice or of DataFusion's
     /// operator joining.
     pub fn strategy_text(&self) -> (String, Option<String>) {
-        let weighs = matches!(self.backend, BackendHandle::Cuda(_));
-        let planned = choice::planned(self.backend.preferred_gather_space(), &self.definition, weighs);
+        let backend = self.backend();
+        let weighs = matches!(backend, BackendHandle::Cuda(_));
+        let planned = choice::planned(backend.preferred_gather_space(), &self.definition, weighs);
         match (self.chosen.describe(), planned) {
             (Some((labels, reasons)), None) => (labels, Some(reasons)),
             (Some((labels, reasons)), Some(_)) if self.chosen.left_to_datafusion() => (labels, Some(reasons)),
@@ -434,7 +449,7 @@ impl ExecutionPlan for GpuJoinExec {
             right: Arc::clone(self.right()),
             mode,
             fetch: self.twin.fetch(),
-            metrics: GpuJoinMetrics::new(&self.metrics, partition),
+            metrics: GpuJoinMetrics::new(&self.metrics, partition, self.device_of(partition)),
             probe_filter,
             as_planned: self.as_planned,
         })

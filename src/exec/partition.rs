@@ -125,7 +125,7 @@ async fn run_partition<B: JoinBackend>(
     let result = driven.await;
     inputs.metrics.record_device(&counters);
     inputs.metrics.record_device(&build_counters);
-    inputs.metrics.baseline.done();
+    inputs.metrics.done();
     // The plan's inputs first, so that the runner holds what is left of it.
     drop(inputs);
     Runner::release(runner);

@@ -1,4 +1,4 @@
-//! Runs a GPU join's partitions on one backend.
+//! Runs a GPU join's partitions on one device.
 //!
 //! The operator is not generic over the backend; it holds a [`JoinRunner`]
 //! whose implementation, [`Runner`], is. The runner also owns the state the
@@ -21,17 +21,38 @@ use super::chosen::ChosenStrategies;
 use super::device_join::DeviceJoin;
 use super::inputs::PartitionInputs;
 use super::runtime::drop_off_the_workers;
+use super::spread::Spread;
 use crate::algorithms::{JoinDefinition, ProbeChunkPolicy};
 use crate::backend::cuda::CudaBackend;
-use crate::backend::{BackendHandle, JoinBackend, cpu::CpuBackend};
+use crate::backend::{BackendHandle, Devices, JoinBackend, cpu::CpuBackend};
 use crate::config::GpuJoinConfig;
 
 pub(crate) trait JoinRunner: Send + Sync + fmt::Debug {
     fn execute(self: Arc<Self>, inputs: PartitionInputs) -> Result<SendableRecordBatchStream>;
 }
 
-/// The runner for a backend, with fresh shared state.
+/// The runner for a join's devices, with fresh shared state: one device's
+/// own, or one for each device that spreads the partitions over them.
 pub(crate) fn runner_for(
+    devices: &Devices,
+    definition: Arc<JoinDefinition>,
+    twin: Arc<HashJoinExec>,
+    probe_partitions: usize,
+    chosen: Arc<ChosenStrategies>,
+) -> Arc<dyn JoinRunner> {
+    let mut runners: Vec<_> = devices
+        .iter()
+        .map(|(_, backend)| {
+            device_runner(backend, Arc::clone(&definition), Arc::clone(&twin), probe_partitions, Arc::clone(&chosen))
+        })
+        .collect();
+    match runners.len() {
+        1 => runners.remove(0),
+        _ => Arc::new(Spread::new(runners)),
+    }
+}
+
+fn device_runner(
     backend: &BackendHandle,
     definition: Arc<JoinDefinition>,
     twin: Arc<HashJoinExec>,

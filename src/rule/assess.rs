@@ -14,7 +14,7 @@ use super::not_on_gpu::NotOnGpu;
 use super::shape::with_one_build_side;
 use super::walk::Relied;
 use crate::algorithms::choice::PlanStatistics;
-use crate::backend::{BackendHandle, cuda_backend};
+use crate::backend::Devices;
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExec, ReplacedOperator, SortMergeOrder};
 use crate::keys::{is_packable_key_type, is_supported_key_type};
@@ -48,18 +48,18 @@ pub(super) enum Shape {
     AsPlanned,
 }
 
-/// The session's options, once a join asks, the backend to use, and the
+/// The session's options, once a join asks, the devices to use, and the
 /// statistics of the plan's nodes, each computed once for the whole walk.
 pub(super) struct RuleContext<'a> {
     options: &'a GpuJoinConfig,
     shape: Shape,
-    backend: Option<std::result::Result<BackendHandle, NotOnGpu>>,
+    devices: Option<std::result::Result<Devices, NotOnGpu>>,
     statistics: PlanStatistics,
 }
 
 impl<'a> RuleContext<'a> {
     pub fn new(options: &'a GpuJoinConfig, shape: Shape) -> Self {
-        Self { options, shape, backend: None, statistics: PlanStatistics::default() }
+        Self { options, shape, devices: None, statistics: PlanStatistics::default() }
     }
 
     /// `None` for nodes that are not joins this rule handles.
@@ -83,8 +83,8 @@ impl<'a> RuleContext<'a> {
         if join.null_aware && join.on().len() != 1 {
             return Ok(Assessment::Keep(NotOnGpu::NullAwareMultiKey));
         }
-        let backend = match self.common_checks(join.left(), join.right(), join.on())? {
-            Ok(backend) => backend,
+        let devices = match self.common_checks(join.left(), join.right(), join.on())? {
+            Ok(devices) => devices,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
         let reshaped = self.one_build_side(join, relied)?;
@@ -97,7 +97,7 @@ impl<'a> RuleContext<'a> {
             PlannedSize::Small(reason) => return Ok(Assessment::Keep(reason)),
             size => size,
         };
-        self.replace(join, reshaped, ReplacedOperator::HashJoin, backend, size)
+        self.replace(join, reshaped, ReplacedOperator::HashJoin, devices, size)
     }
 
     /// `join` in `CollectLeft` mode without its hash repartitions, where
@@ -134,12 +134,12 @@ impl<'a> RuleContext<'a> {
         join: &HashJoinExec,
         reshaped: Option<HashJoinExec>,
         replaces: ReplacedOperator,
-        backend: BackendHandle,
+        devices: Devices,
         size: PlannedSize,
     ) -> Result<Assessment> {
         let reshaped = reshaped.filter(|_| size == PlannedSize::Large);
         let gpu_join =
-            |join| GpuJoinExec::try_new_ordered(join, backend, self.options, replaces, None, &self.statistics);
+            |join| GpuJoinExec::try_new_ordered(join, devices, self.options, replaces, None, &self.statistics);
         let exec = match reshaped {
             Some(reshaped) => gpu_join(&reshaped)?.reshaped(),
             // A join swapped as planned may come with the dynamic filter it
@@ -161,8 +161,8 @@ impl<'a> RuleContext<'a> {
         let (left_keys, right_keys): (Vec<_>, Vec<_>) = join.on().iter().cloned().unzip();
         let (left, left_sort_removed) = without_key_sort(join, join.left(), &left_keys, ordered)?;
         let (right, right_sort_removed) = without_key_sort(join, join.right(), &right_keys, ordered)?;
-        let backend = match self.common_checks(&left, &right, join.on())? {
-            Ok(backend) => backend,
+        let devices = match self.common_checks(&left, &right, join.on())? {
+            Ok(devices) => devices,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
         let join_type = join.join_type();
@@ -190,7 +190,7 @@ impl<'a> RuleContext<'a> {
         )?;
         if !ordered {
             let reshaped = self.one_build_side(&twin, relied)?;
-            return self.replace(&twin, reshaped, ReplacedOperator::SortMergeJoin, backend, size);
+            return self.replace(&twin, reshaped, ReplacedOperator::SortMergeJoin, devices, size);
         }
         let twin = match swapped {
             true => swapped_sides(&twin)?,
@@ -199,7 +199,7 @@ impl<'a> RuleContext<'a> {
         let order = SortMergeOrder::new(join, swapped, (left_sort_removed, right_sort_removed));
         let exec = GpuJoinExec::try_new_ordered(
             &twin,
-            backend,
+            devices,
             self.options,
             ReplacedOperator::SortMergeJoin,
             Some(order),
@@ -214,12 +214,12 @@ impl<'a> RuleContext<'a> {
         left: &Arc<dyn ExecutionPlan>,
         right: &Arc<dyn ExecutionPlan>,
         on: &[(PhysicalExprRef, PhysicalExprRef)],
-    ) -> Result<std::result::Result<BackendHandle, NotOnGpu>> {
+    ) -> Result<std::result::Result<Devices, NotOnGpu>> {
         if !self.options.enabled {
             return Ok(Err(NotOnGpu::Disabled));
         }
-        let backend = match self.backend()? {
-            Ok(backend) => backend,
+        let devices = match self.devices()? {
+            Ok(devices) => devices,
             Err(reason) => return Ok(Err(reason)),
         };
         let (left_schema, right_schema) = (left.schema(), right.schema());
@@ -232,7 +232,7 @@ impl<'a> RuleContext<'a> {
                 return Ok(Err(NotOnGpu::UnsupportedKeyType(build)));
             }
         }
-        Ok(Ok(backend))
+        Ok(Ok(devices))
     }
 
     /// The join's size against `min_rows`, with the build side as large as
@@ -260,27 +260,30 @@ impl<'a> RuleContext<'a> {
         }
     }
 
-    /// The backend for this session, found once per plan. An explicit
-    /// `cuda` without a usable device is an error rather than a silent
-    /// fallback, so that a misconfigured GPU never goes unnoticed.
-    fn backend(&mut self) -> Result<std::result::Result<BackendHandle, NotOnGpu>> {
-        if self.backend.is_none() {
-            self.backend = Some(match self.options.backend {
-                BackendChoice::Cpu => Ok(BackendHandle::Cpu),
-                BackendChoice::Auto => cuda_backend(self.options).map_err(NotOnGpu::NoDevice),
-                BackendChoice::Cuda => match cuda_backend(self.options) {
-                    Ok(backend) => Ok(backend),
+    /// The session's devices (`gpu_join.devices`) on its backend, found
+    /// once per plan. An explicit `cuda` without a usable device is an
+    /// error rather than a silent fallback, so that a misconfigured GPU
+    /// never goes unnoticed; under `auto`, joins stay DataFusion's unless
+    /// every listed device is usable.
+    fn devices(&mut self) -> Result<std::result::Result<Devices, NotOnGpu>> {
+        if self.devices.is_none() {
+            self.devices = Some(match self.options.backend {
+                BackendChoice::Cpu => Ok(Devices::cpu(self.options)),
+                BackendChoice::Auto => Devices::cuda(self.options).map_err(NotOnGpu::NoDevice),
+                BackendChoice::Cuda => match Devices::cuda(self.options) {
+                    Ok(devices) => Ok(devices),
                     Err(why) => {
                         return plan_err!(
-                            "gpu_join.backend is 'cuda' but no CUDA device is usable: {why}. \
-                             Set gpu_join.backend = 'auto' to leave joins to DataFusion when no GPU is usable, \
-                             or 'cpu' for the CPU reference backend"
+                            "gpu_join.backend is 'cuda' but no CUDA device is usable: {why} (gpu_join.devices = \
+                             '{}'). Set gpu_join.devices to devices that are usable, gpu_join.backend = 'auto' to \
+                             leave joins to DataFusion when no GPU is usable, or 'cpu' for the CPU reference backend",
+                            self.options.devices
                         );
                     }
                 },
             });
         }
-        Ok(self.backend.clone().unwrap_or(Err(NotOnGpu::Disabled)))
+        Ok(self.devices.clone().unwrap_or(Err(NotOnGpu::Disabled)))
     }
 
     fn estimated_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {

@@ -7,8 +7,8 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::backend::{BackendHandle, cuda_backend};
-use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::backend::{BackendHandle, Devices, cuda_backend};
+use datafusion_gpu_join::config::{BackendChoice, DeviceList, GpuJoinConfig};
 use datafusion_gpu_join::{GpuJoinExec, SessionStateBuilderExt};
 
 /// The backend the suites run on: `GPU_JOIN_TEST_BACKEND` (cpu or cuda).
@@ -35,6 +35,28 @@ pub fn test_backend() -> BackendHandle {
         BackendChoice::Cuda => cuda_backend(&options).expect("the CUDA backend must be usable"),
         _ => BackendHandle::Cpu,
     }
+}
+
+/// `count` devices of the test backend, as `gpu_join.devices` lists them
+/// ([`devices_setting`]).
+pub fn test_devices(count: usize) -> Devices {
+    let mut options = test_options();
+    options.devices = devices_setting(count).parse::<DeviceList>().expect("a list of devices");
+    match options.backend {
+        BackendChoice::Cuda => Devices::cuda(&options).expect("the CUDA backend must be usable"),
+        _ => Devices::cpu(&options),
+    }
+}
+
+/// `gpu_join.devices` for `count` devices of the test backend: distinct
+/// instances `0,1,…` on the CPU backend, the one GPU of a GPU machine
+/// listed `count` times on CUDA.
+pub fn devices_setting(count: usize) -> String {
+    let ordinals: Vec<String> = match test_backend_choice() {
+        BackendChoice::Cuda => vec!["0".to_string(); count],
+        _ => (0..count).map(|ordinal| ordinal.to_string()).collect(),
+    };
+    ordinals.join(",")
 }
 
 /// A session with the GPU join on, running every join on the test backend.

@@ -79,6 +79,8 @@ pub struct CudaDevice {
     pub(crate) admission: Admission,
     /// Streams no backend instance holds, kept for the next ones.
     idle_streams: Mutex<Vec<Arc<CudaStream>>>,
+    /// The driver's ordinal of the device.
+    pub(crate) ordinal: usize,
 }
 
 /// Idle streams kept at most: more than the partitions of every join of a
@@ -154,6 +156,16 @@ impl Drop for PooledStream {
     }
 }
 
+/// How many CUDA devices the driver makes visible.
+pub(crate) fn visible_devices() -> std::result::Result<usize, String> {
+    probe_libraries()?;
+    // cudarc panics when a driver symbol is missing; treat that as "none".
+    catch_unwind(CudaContext::device_count)
+        .map_err(|_| "the CUDA driver could not be initialised".to_string())?
+        .map(|count| count.max(0) as usize)
+        .map_err(|e| format!("counting CUDA devices: {e}"))
+}
+
 fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
     probe_libraries()?;
     // cudarc panics when a driver symbol is missing; treat that as "no device".
@@ -216,6 +228,7 @@ fn open(ordinal: usize) -> std::result::Result<CudaDevice, String> {
             staging: Mutex::default(),
             admission: Admission::default(),
             idle_streams: Mutex::default(),
+            ordinal,
         })
     }));
     opened.map_err(|_| format!("CUDA device {ordinal} failed while loading the join kernels"))?

@@ -29,7 +29,9 @@ pub use memory::DeviceBuffer;
 
 use crate::config::GpuJoinConfig;
 
-/// The session's CUDA device, opened once per process.
-pub(crate) fn open_device(options: &GpuJoinConfig) -> Result<Arc<CudaDevice>, String> {
-    device::device(options.device, options.memory_limit, options.pinned_pool_bytes as u64)
+/// The session's CUDA device `ordinal`, opened once per process.
+pub(crate) fn open_device(options: &GpuJoinConfig, ordinal: usize) -> Result<Arc<CudaDevice>, String> {
+    device::device(ordinal, options.memory_limit, options.pinned_pool_bytes as u64)
 }
+
+pub(crate) use device::visible_devices;

@@ -1,0 +1,211 @@
+//! Joins spread over several devices (`gpu_join.devices`): on the CPU
+//! backend an instance of its own per device, on a GPU machine its one GPU
+//! listed more than once. Every join gives DataFusion's rows, each
+//! device's share shows in the join's metrics, and a list of devices that
+//! cannot be used is refused with what to set.
+
+use std::sync::Arc;
+
+use arrow::array::{Int32Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::joins::PartitionMode;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::SessionStateBuilderExt;
+use datafusion_gpu_join::config::{BackendChoice, DeviceList};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::common::{
+    datafusion_context, devices_setting, gpu_joins, physical_plan_text, sorted_rows, test_backend_choice, test_options,
+};
+
+const JOINS: [&str; 6] = [
+    "SELECT l.k, l.v, r.w FROM l JOIN r ON l.k = r.k",
+    "SELECT l.k, l.v, r.w FROM l LEFT JOIN r ON l.k = r.k",
+    "SELECT l.k, l.v, r.w FROM l RIGHT JOIN r ON l.k = r.k",
+    "SELECT l.k, l.v, r.w FROM l FULL JOIN r ON l.k = r.k",
+    "SELECT l.k, l.v FROM l WHERE EXISTS (SELECT 1 FROM r WHERE r.k = l.k)",
+    "SELECT r.k, r.w FROM r WHERE NOT EXISTS (SELECT 1 FROM l WHERE l.k = r.k)",
+];
+
+/// Tables `l` and `r` in three partitions each: keys repeating, a tenth of
+/// them null, a third of `l` on one key.
+fn tables(seed: u64) -> Vec<(&'static str, MemTable)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut table = |rows: usize, domain: i32, payload: &str| {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int32, true),
+            match payload {
+                "v" => Field::new("v", DataType::Utf8, false),
+                _ => Field::new("w", DataType::Int32, false),
+            },
+        ]));
+        let parts = (0..3)
+            .map(|part| {
+                let keys: Int32Array = (0..rows)
+                    .map(|_| match rng.random_range(0..10) {
+                        0 => None,
+                        1..=3 if payload == "v" => Some(7),
+                        _ => Some(rng.random_range(0..domain)),
+                    })
+                    .collect();
+                let payload: Arc<dyn arrow::array::Array> = match payload {
+                    "v" => Arc::new(StringArray::from_iter_values((0..rows).map(|i| format!("{part}-{i}")))),
+                    _ => Arc::new(Int32Array::from_iter_values((0..rows as i32).map(|i| i * 3 + part))),
+                };
+                vec![RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys), payload]).expect("batch")]
+            })
+            .collect();
+        MemTable::try_new(schema, parts).expect("table")
+    };
+    let l = table(1000 + rng_rows(seed), 500, "v");
+    let r = table(1700, 600, "w");
+    vec![("l", l), ("r", r)]
+}
+
+/// An odd number of rows, different per seed.
+fn rng_rows(seed: u64) -> usize {
+    (seed % 97) as usize * 2 + 1
+}
+
+/// The GPU session over `devices` and DataFusion's, both with every hash
+/// join `Partitioned` as DataFusion plans it; `collect_build_side` lets the
+/// GPU join collect them into one build side.
+fn sessions(seed: u64, devices: &str, collect_build_side: bool) -> (SessionContext, SessionContext) {
+    let mut config = SessionConfig::new().with_target_partitions(4).with_batch_size(500);
+    let optimizer = &mut config.options_mut().optimizer;
+    optimizer.hash_join_single_partition_threshold = 0;
+    optimizer.hash_join_single_partition_threshold_rows = 0;
+    let mut options = test_options();
+    options.devices = devices.parse::<DeviceList>().expect("a list of devices");
+    options.collect_build_side = collect_build_side;
+    let gpu = SessionContext::new_with_state(
+        SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(config.clone().with_option_extension(options))
+            .with_gpu_join()
+            .build(),
+    );
+    let reference = datafusion_context(config);
+    for ctx in [&gpu, &reference] {
+        for (name, table) in tables(seed) {
+            ctx.register_table(name, Arc::new(table)).expect("table registered");
+        }
+    }
+    (gpu, reference)
+}
+
+/// What the one GPU join of an executed plan did: its mode, its output
+/// rows, and the output rows it counted on each device of `ordinals`.
+struct Executed {
+    mode: PartitionMode,
+    output_rows: usize,
+    device_rows: Vec<Option<usize>>,
+}
+
+/// Runs `sql` in both sessions, checks the rows are the same, and returns
+/// what the GPU session's join did.
+async fn same_rows(
+    gpu: &SessionContext,
+    reference: &SessionContext,
+    sql: &str,
+    seed: u64,
+    ordinals: &[usize],
+) -> Executed {
+    let expected = reference.sql(sql).await.expect("plan").collect().await.expect("DataFusion runs it");
+    let frame = gpu.sql(sql).await.expect("plan");
+    let task = Arc::new(frame.task_ctx());
+    let plan = frame.create_physical_plan().await.expect("physical plan");
+    let actual = collect(Arc::clone(&plan), task).await.unwrap_or_else(|e| panic!("seed {seed}, {sql}: {e}"));
+    assert_eq!(sorted_rows(&actual), sorted_rows(&expected), "seed {seed}: {sql}");
+    let joins = gpu_joins(&plan);
+    assert_eq!(joins.len(), 1, "seed {seed}, {sql}: one GPU join expected");
+    let metrics = joins[0].metrics().expect("the join's metrics").aggregate_by_name();
+    Executed {
+        mode: joins[0].partition_mode(),
+        output_rows: metrics.output_rows().unwrap_or(0),
+        device_rows: ordinals
+            .iter()
+            .map(|ordinal| metrics.sum_by_name(&format!("device{ordinal}_output_rows")).map(|value| value.as_usize()))
+            .collect(),
+    }
+}
+
+fn fresh_seed() -> u64 {
+    let seed = rand::rng().random();
+    println!("GPU join devices test seed {seed}");
+    seed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_joins_spread_their_partitions_over_the_devices() {
+    let seed = fresh_seed();
+    let setting = devices_setting(3);
+    let ordinals: Vec<usize> = {
+        let mut ordinals: Vec<usize> = setting.split(',').map(|o| o.parse().expect("ordinal")).collect();
+        ordinals.dedup();
+        ordinals
+    };
+    let (gpu, reference) = sessions(seed, &setting, false);
+    for sql in JOINS {
+        let plan = physical_plan_text(&gpu, sql).await;
+        assert!(plan.contains(&format!("devices={:?}", setting_ordinals(&setting))), "{plan}");
+        let join = same_rows(&gpu, &reference, sql, seed, &ordinals).await;
+        assert_eq!(join.mode, PartitionMode::Partitioned, "{sql}");
+        let shares: Vec<usize> = join.device_rows.iter().map(|rows| rows.unwrap_or(0)).collect();
+        assert_eq!(shares.iter().sum::<usize>(), join.output_rows, "seed {seed}, {sql}: {shares:?}");
+        if sql.contains(" JOIN r ") && test_backend_choice() != BackendChoice::Cuda {
+            // Four partitions over three devices: every device has rows.
+            assert!(shares.iter().all(|&rows| rows > 0), "seed {seed}, {sql}: {shares:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_of_one_build_side_runs_on_the_first_device() {
+    let seed = fresh_seed();
+    let setting = devices_setting(2);
+    let (gpu, reference) = sessions(seed, &setting, true);
+    for sql in JOINS {
+        let join = same_rows(&gpu, &reference, sql, seed, &[0, 1]).await;
+        assert_eq!(join.mode, PartitionMode::CollectLeft, "{sql}");
+        assert_eq!(join.device_rows[0], Some(join.output_rows), "seed {seed}, {sql}");
+        if test_backend_choice() != BackendChoice::Cuda {
+            assert_eq!(join.device_rows[1].unwrap_or(0), 0, "seed {seed}, {sql}");
+        }
+    }
+}
+
+/// One device keeps the join as it was: no share metrics, no `devices=`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_device_shows_no_shares() {
+    let seed = fresh_seed();
+    let (gpu, reference) = sessions(seed, "one", false);
+    let sql = JOINS[0];
+    assert!(!physical_plan_text(&gpu, sql).await.contains("devices="));
+    let join = same_rows(&gpu, &reference, sql, seed, &[0]).await;
+    assert_eq!(join.device_rows, vec![None]);
+    assert!(join.output_rows > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_that_cannot_be_used_are_refused() {
+    let (gpu, _) = sessions(1, "one", false);
+    let err = gpu.sql("SET gpu_join.devices = 'gpu0'").await.expect_err("not a list of devices").to_string();
+    assert!(err.contains("gpu_join.devices") && err.contains("'0,1'"), "{err}");
+    if test_backend_choice() == BackendChoice::Cuda {
+        // No machine has that many devices: planning a join says what to set.
+        gpu.sql("SET gpu_join.devices = '0,4095'").await.expect("a list of devices");
+        let err = gpu.sql(JOINS[0]).await.expect("logical plan").create_physical_plan().await.expect_err("no device");
+        let err = err.to_string();
+        assert!(err.contains("no CUDA device is usable") && err.contains("gpu_join.devices"), "{err}");
+    }
+}
+
+/// The ordinals of a setting, as EXPLAIN lists them.
+fn setting_ordinals(setting: &str) -> Vec<usize> {
+    setting.split(',').map(|o| o.parse().expect("ordinal")).collect()
+}
