@@ -11,6 +11,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::test_utils::localhost::{LocalHostWorkerResolver, spawn_worker_service};
 use datafusion_distributed::{DistributedExec, DistributedExt};
 use datafusion_gpu_join::SessionStateBuilderExt;
+use datafusion_gpu_join::config::{DeviceList, GpuJoinConfig};
 use datafusion_gpu_join::distributed::{DistributedGpuJoinExt, GpuJoinWorker};
 use gpu_join_workloads::tpch;
 use std::sync::Arc;
@@ -152,4 +153,24 @@ async fn gpu_join_rule_leaves_distributed_plans_to_the_planner() {
         assert_eq!(count_in(&plan, "BroadcastExec"), 0, "Q{query} broadcast a build side");
     }
     assert!(cluster.worker.joins().on_gpu() > 0, "no worker ran a GPU join");
+}
+
+/// The options a worker's session takes from the headers of the query it
+/// serves; a worker given its own device joins on it alone, whatever
+/// devices the coordinator's options name: ordinals are a host's own.
+#[test]
+fn a_worker_on_its_own_device_leaves_the_coordinators_devices() {
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in [("device", "1"), ("devices", "0,1"), ("min_rows", "7")] {
+        let name = format!("x-datafusion-distributed-config-gpu_join.{name}");
+        headers.insert(http::HeaderName::try_from(name).expect("a header name"), value.parse().expect("a value"));
+    }
+    let options_of = |worker: GpuJoinWorker| {
+        let state = worker.session(SessionStateBuilder::new(), &headers).expect("a worker's session");
+        GpuJoinConfig::from_config(state.config().options())
+    };
+    let forwarded = options_of(GpuJoinWorker::new());
+    assert_eq!((forwarded.device, forwarded.devices, forwarded.min_rows), (1, DeviceList::Ordinals(vec![0, 1]), 7));
+    let own = options_of(GpuJoinWorker::on_device(3));
+    assert_eq!((own.device, own.devices, own.min_rows), (3, DeviceList::One, 7));
 }
