@@ -305,10 +305,11 @@ extensions_options! {
         /// `gpu_join.device` names), `all` (every visible device), or
         /// ordinals such as `0,1` (one named twice is used twice). Partition
         /// `p` of a `Partitioned` join runs on the `p mod n`-th device, with
-        /// its own build side; a `CollectLeft` join, whose one build side
-        /// serves every probe partition, runs on the first. On the CPU
-        /// backend each listed device is an instance of its own (`all` is
-        /// one).
+        /// its own build side, and over several devices such a join keeps
+        /// its partitions (`collect_build_side` applies to one device); a
+        /// `CollectLeft` join, whose one build side serves every probe
+        /// partition, runs on the first. On the CPU backend each listed
+        /// device is an instance of its own (`all` is one).
         pub devices: DeviceList, default = DeviceList::One
         /// The device memory the GPU join may hold at once: `auto` (80% of
         /// the memory free when the device is first opened), a size such as
@@ -319,8 +320,9 @@ extensions_options! {
         pub memory_limit: MemoryLimit, default = MemoryLimit::Auto
         /// Run a join DataFusion planned in `Partitioned` mode over hash
         /// repartitions of both inputs in `CollectLeft` mode without them,
-        /// where nothing above relies on the join's partitioning: one build
-        /// side on the device serves every probe partition.
+        /// where nothing above relies on the join's partitioning and the
+        /// join runs on one device (`gpu_join.devices`): one build side on
+        /// the device serves every probe partition.
         pub collect_build_side: bool, default = true
         /// Most build rows joined in one pass; a larger build side is split
         /// by key hash into passes, each probe partition joined pass by

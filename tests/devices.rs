@@ -71,17 +71,18 @@ fn rng_rows(seed: u64) -> usize {
     (seed % 97) as usize * 2 + 1
 }
 
-/// The GPU session over `devices` and DataFusion's, both with every hash
-/// join `Partitioned` as DataFusion plans it; `collect_build_side` lets the
-/// GPU join collect them into one build side.
-fn sessions(seed: u64, devices: &str, collect_build_side: bool) -> (SessionContext, SessionContext) {
+/// The GPU session over `devices` and DataFusion's. DataFusion plans each
+/// hash join `Partitioned` where `partitioned` says so, and otherwise, as
+/// its build side is small, `CollectLeft`.
+fn sessions(seed: u64, devices: &str, partitioned: bool) -> (SessionContext, SessionContext) {
     let mut config = SessionConfig::new().with_target_partitions(4).with_batch_size(500);
-    let optimizer = &mut config.options_mut().optimizer;
-    optimizer.hash_join_single_partition_threshold = 0;
-    optimizer.hash_join_single_partition_threshold_rows = 0;
+    if partitioned {
+        let optimizer = &mut config.options_mut().optimizer;
+        optimizer.hash_join_single_partition_threshold = 0;
+        optimizer.hash_join_single_partition_threshold_rows = 0;
+    }
     let mut options = test_options();
     options.devices = devices.parse::<DeviceList>().expect("a list of devices");
-    options.collect_build_side = collect_build_side;
     let gpu = SessionContext::new_with_state(
         SessionStateBuilder::new()
             .with_default_features()
@@ -140,6 +141,8 @@ fn fresh_seed() -> u64 {
     seed
 }
 
+/// Over several devices a `Partitioned` join keeps its partitions, which
+/// the GPU join collects into one build side on one device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_joins_spread_their_partitions_over_the_devices() {
     let seed = fresh_seed();
@@ -149,7 +152,7 @@ async fn partitioned_joins_spread_their_partitions_over_the_devices() {
         ordinals.dedup();
         ordinals
     };
-    let (gpu, reference) = sessions(seed, &setting, false);
+    let (gpu, reference) = sessions(seed, &setting, true);
     for sql in JOINS {
         let plan = physical_plan_text(&gpu, sql).await;
         assert!(plan.contains(&format!("devices={:?}", setting_ordinals(&setting))), "{plan}");
@@ -168,7 +171,7 @@ async fn partitioned_joins_spread_their_partitions_over_the_devices() {
 async fn a_join_of_one_build_side_runs_on_the_first_device() {
     let seed = fresh_seed();
     let setting = devices_setting(2);
-    let (gpu, reference) = sessions(seed, &setting, true);
+    let (gpu, reference) = sessions(seed, &setting, false);
     for sql in JOINS {
         let join = same_rows(&gpu, &reference, sql, seed, &[0, 1]).await;
         assert_eq!(join.mode, PartitionMode::CollectLeft, "{sql}");
@@ -179,21 +182,23 @@ async fn a_join_of_one_build_side_runs_on_the_first_device() {
     }
 }
 
-/// One device keeps the join as it was: no share metrics, no `devices=`.
+/// One device keeps the join as it was: a `Partitioned` join collected
+/// into one build side, no share metrics, no `devices=`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_device_shows_no_shares() {
     let seed = fresh_seed();
-    let (gpu, reference) = sessions(seed, "one", false);
+    let (gpu, reference) = sessions(seed, "one", true);
     let sql = JOINS[0];
     assert!(!physical_plan_text(&gpu, sql).await.contains("devices="));
     let join = same_rows(&gpu, &reference, sql, seed, &[0]).await;
+    assert_eq!(join.mode, PartitionMode::CollectLeft);
     assert_eq!(join.device_rows, vec![None]);
     assert!(join.output_rows > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_that_cannot_be_used_are_refused() {
-    let (gpu, _) = sessions(1, "one", false);
+    let (gpu, _) = sessions(1, "one", true);
     let err = gpu.sql("SET gpu_join.devices = 'gpu0'").await.expect_err("not a list of devices").to_string();
     assert!(err.contains("gpu_join.devices") && err.contains("'0,1'"), "{err}");
     if test_backend_choice() == BackendChoice::Cuda {

@@ -87,7 +87,7 @@ impl<'a> RuleContext<'a> {
             Ok(devices) => devices,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
-        let reshaped = self.one_build_side(join, relied)?;
+        let reshaped = self.one_build_side(join, relied, &devices)?;
         if reshaped.is_none()
             && let Some(reason) = self.below_min_build_rows(join.left())
         {
@@ -101,9 +101,13 @@ impl<'a> RuleContext<'a> {
     }
 
     /// `join` in `CollectLeft` mode without its hash repartitions, where
-    /// the options allow it and nothing above relies on its partitioning.
-    fn one_build_side(&self, join: &HashJoinExec, relied: Relied) -> Result<Option<HashJoinExec>> {
-        match self.shape == Shape::Best && self.options.collect_build_side && !relied.partitioning {
+    /// the options allow it, nothing above relies on its partitioning, and
+    /// the join runs on one device: one build side would keep every
+    /// partition on the first of several, where in `Partitioned` mode each
+    /// partition takes its own build side to a device of its own.
+    fn one_build_side(&self, join: &HashJoinExec, relied: Relied, devices: &Devices) -> Result<Option<HashJoinExec>> {
+        let allowed = self.shape == Shape::Best && self.options.collect_build_side && devices.len() == 1;
+        match allowed && !relied.partitioning {
             true => with_one_build_side(join),
             false => Ok(None),
         }
@@ -189,7 +193,7 @@ impl<'a> RuleContext<'a> {
             false,
         )?;
         if !ordered {
-            let reshaped = self.one_build_side(&twin, relied)?;
+            let reshaped = self.one_build_side(&twin, relied, &devices)?;
             return self.replace(&twin, reshaped, ReplacedOperator::SortMergeJoin, devices, size);
         }
         let twin = match swapped {
