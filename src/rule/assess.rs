@@ -279,8 +279,8 @@ impl<'a> RuleContext<'a> {
                     Err(why) => {
                         return plan_err!(
                             "gpu_join.backend is 'cuda' but no CUDA device is usable: {why} (gpu_join.devices = \
-                             '{}'). Set gpu_join.devices to devices that are usable, gpu_join.backend = 'auto' to \
-                             leave joins to DataFusion when no GPU is usable, or 'cpu' for the CPU reference backend",
+                             '{}'). Set gpu_join.backend = 'auto' to leave joins to DataFusion when no GPU is \
+                             usable, 'cpu' for the CPU reference backend, or gpu_join.devices to usable devices",
                             self.options.devices
                         );
                     }
