@@ -12,7 +12,7 @@ this script once and sends it one JSON line per query on standard input:
 
 It runs the statements once as a warm-up and then `iterations` times, and
 answers one JSON line: the median time in milliseconds of a run (all its
-statements), and the rows of the last statement that returns rows, or the
+statements), and the rows of the statements that return rows, or the
 error DuckDB gave. DuckDB runs the statements as the job gives them, the
 TPC-H (or TPC-DS) queries as DataFusion runs them, with no rewriting.
 
@@ -45,11 +45,14 @@ def returns_rows(statement):
 
 
 def run(connection, statements):
+    """The rows of every statement that returns rows, counted together, as
+    the job counts its sessions' (TPC-DS files such as query14.sql hold two
+    queries)."""
     rows = 0
     for statement in statements:
         result = connection.execute(statement)
         if returns_rows(statement):
-            rows = len(result.fetchall())
+            rows += len(result.fetchall())
     return rows
 
 
