@@ -14,7 +14,7 @@ use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::SessionStateBuilderExt;
-use datafusion_gpu_join::config::{BackendChoice, DeviceList};
+use datafusion_gpu_join::config::{BackendChoice, DeviceList, GpuJoinConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -201,6 +201,9 @@ async fn devices_that_cannot_be_used_are_refused() {
     let (gpu, _) = sessions(1, "one", true);
     let err = gpu.sql("SET gpu_join.devices = 'gpu0'").await.expect_err("not a list of devices").to_string();
     assert!(err.contains("gpu_join.devices") && err.contains("'0,1'"), "{err}");
+    gpu.sql("SET gpu_join.devices = ' 1, 0 '").await.expect("a list of devices");
+    let options = GpuJoinConfig::from_config(gpu.state().config().options());
+    assert_eq!(options.devices, DeviceList::Ordinals(vec![1, 0]));
     if test_backend_choice() == BackendChoice::Cuda {
         // No machine has that many devices: planning a join says what to set.
         gpu.sql("SET gpu_join.devices = '0,4095'").await.expect("a list of devices");
