@@ -51,11 +51,17 @@ pub(super) async fn join_partition_in_key_order<B: JoinBackend>(
     let mut error = None;
     // Beside other jobs first, then alone on the device.
     for alone in [false, true] {
-        let _permit = match alone {
+        let permit = match alone {
             false => probing.admitted().await?,
             true => probing.admitted_alone().await?,
         };
-        match load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder).await {
+        let joined = load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder).await;
+        // The device is not held while the consumer takes the output: a
+        // merge above waits for every partition's first batch, and a
+        // partition waiting for the device behind one that waits for the
+        // device alone would never send it.
+        drop(permit);
+        match joined {
             Ok(batches) => {
                 output.send_all(batches).await?;
                 return Ok(());

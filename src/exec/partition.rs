@@ -378,12 +378,14 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         let (build, definition, timers) =
             (Arc::clone(build), Arc::clone(&join.definition), inputs.metrics.phases.clone());
         let limits = inputs.output_limits();
-        let _permit = admitted(&inputs.metrics, join.admission().shared(self.options.concurrent_tasks)).await?;
-        let _compute = inputs.metrics.baseline.elapsed_compute().timer();
+        let permit = admitted(&inputs.metrics, join.admission().shared(self.options.concurrent_tasks)).await?;
+        let compute = inputs.metrics.baseline.elapsed_compute().timer();
         let batches = run_blocking("emitting build-side rows", move || {
             finish_build_side(&backend, &definition, &build, &timers, limits)
         })
         .await?;
+        // The device is not held while the consumer takes the output.
+        drop((compute, permit));
         output.send_all(batches).await?;
         Ok(())
     }
