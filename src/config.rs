@@ -309,7 +309,8 @@ extensions_options! {
         /// its partitions (`collect_build_side` applies to one device); a
         /// `CollectLeft` join, whose one build side serves every probe
         /// partition, runs on the first. On the CPU backend each listed
-        /// device is an instance of its own (`all` is one).
+        /// device is an instance of its own, all under the CPU's one
+        /// admission queue (`all` is one).
         pub devices: DeviceList, default = DeviceList::One
         /// The device memory the GPU join may hold at once: `auto` (80% of
         /// the memory free when the device is first opened), a size such as

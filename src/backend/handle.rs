@@ -68,7 +68,8 @@ impl Devices {
     }
 
     /// The devices of `gpu_join.devices` on the CPU reference backend: an
-    /// instance of its own for each, as separate devices would be.
+    /// instance of its own for each, as separate devices would be, under
+    /// the CPU's one admission queue.
     pub fn cpu(options: &GpuJoinConfig) -> Self {
         let ordinals = options.devices.ordinals(options.device, || 1);
         Self { devices: ordinals.into_iter().map(|ordinal| (ordinal, BackendHandle::Cpu)).collect() }
