@@ -9,17 +9,16 @@ use std::sync::Arc;
 use arrow::array::{Int32Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::MemTable;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu_join::SessionStateBuilderExt;
 use datafusion_gpu_join::config::{BackendChoice, DeviceList, GpuJoinConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::common::{
-    datafusion_context, devices_setting, gpu_joins, physical_plan_text, sorted_rows, test_backend_choice, test_options,
+    datafusion_context, devices_setting, gpu_context_with, gpu_joins, physical_plan_text, sorted_rows,
+    test_backend_choice, test_options,
 };
 
 const JOINS: [&str; 6] = [
@@ -83,13 +82,7 @@ fn sessions(seed: u64, devices: &str, partitioned: bool) -> (SessionContext, Ses
     }
     let mut options = test_options();
     options.devices = devices.parse::<DeviceList>().expect("a list of devices");
-    let gpu = SessionContext::new_with_state(
-        SessionStateBuilder::new()
-            .with_default_features()
-            .with_config(config.clone().with_option_extension(options))
-            .with_gpu_join()
-            .build(),
-    );
+    let gpu = gpu_context_with(config.clone(), options);
     let reference = datafusion_context(config);
     for ctx in [&gpu, &reference] {
         for (name, table) in tables(seed) {
@@ -147,15 +140,13 @@ fn fresh_seed() -> u64 {
 async fn partitioned_joins_spread_their_partitions_over_the_devices() {
     let seed = fresh_seed();
     let setting = devices_setting(3);
-    let ordinals: Vec<usize> = {
-        let mut ordinals: Vec<usize> = setting.split(',').map(|o| o.parse().expect("ordinal")).collect();
-        ordinals.dedup();
-        ordinals
-    };
+    let listed = setting_ordinals(&setting);
+    let mut ordinals = listed.clone();
+    ordinals.dedup();
     let (gpu, reference) = sessions(seed, &setting, true);
     for sql in JOINS {
         let plan = physical_plan_text(&gpu, sql).await;
-        assert!(plan.contains(&format!("devices={:?}", setting_ordinals(&setting))), "{plan}");
+        assert!(plan.contains(&format!("devices={listed:?}")), "{plan}");
         let join = same_rows(&gpu, &reference, sql, seed, &ordinals).await;
         assert_eq!(join.mode, PartitionMode::Partitioned, "{sql}");
         let shares: Vec<usize> = join.device_rows.iter().map(|rows| rows.unwrap_or(0)).collect();

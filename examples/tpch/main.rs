@@ -576,7 +576,6 @@ async fn main() -> Result<()> {
             figures.same_rows &= same;
         }
         if let Some(duckdb) = &mut duckdb {
-            report.start(query);
             let run = duckdb.run(&args.statements(query)?, args.iterations)?;
             match &run {
                 Ok((time, rows)) => {

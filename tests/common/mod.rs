@@ -61,7 +61,12 @@ pub fn devices_setting(count: usize) -> String {
 
 /// A session with the GPU join on, running every join on the test backend.
 pub fn gpu_context(config: SessionConfig) -> SessionContext {
-    let config = config.with_option_extension(test_options());
+    gpu_context_with(config, test_options())
+}
+
+/// A session with the GPU join on and these options.
+pub fn gpu_context_with(config: SessionConfig, options: GpuJoinConfig) -> SessionContext {
+    let config = config.with_option_extension(options);
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
     SessionContext::new_with_state(state)
 }
