@@ -126,6 +126,18 @@ async fn tpch_on_gpu_workers_matches_datafusion() {
         joins.on_datafusion()
     );
 
+    // A run's time by operator is its stages' on the workers: their scans
+    // and their GPU joins, although the coordinator's copy of each stage
+    // plans DataFusion's joins.
+    let statements = tpch::statements(5, SCALE_FACTOR).expect("Q5");
+    let run = gpu_join_workloads::run_statements_timed(&cluster.coordinator, &statements).await.expect("Q5 runs");
+    let time_of = |operator: &str| run.operators.iter().find(|(name, _)| name == operator).map(|(_, time)| *time);
+    assert!(time_of("GpuJoinExec").is_some_and(|time| !time.is_zero()), "no GPU join's time in {:?}", run.operators);
+    // The scans of files spread over the workers are `DistributedLeafExec`s.
+    let scans = [time_of("DataSourceExec"), time_of("DistributedLeafExec")];
+    assert!(scans.iter().flatten().any(|time| !time.is_zero()), "no scan's time in {:?}", run.operators);
+    assert!(time_of("HashJoinExec").is_none(), "a join counted as DataFusion's: {:?}", run.operators);
+
     // The coordinator's options reach the workers with each query.
     cluster.coordinator.sql("SET gpu_join.enabled = false").await.expect("gpu_join.enabled is an option");
     let before = (joins.on_gpu(), joins.on_datafusion());

@@ -19,6 +19,7 @@ use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionContext;
+use datafusion_distributed::{DistributedMetricsFormat, rewrite_distributed_plan_with_metrics};
 
 use datafusion_gpu_join::GpuJoinContextExt;
 
@@ -90,6 +91,8 @@ pub async fn run_statements(ctx: &SessionContext, statements: &[String]) -> Resu
 pub struct Run {
     /// The rows of every query among the statements, one after another.
     pub rows: Vec<RecordBatch>,
+    /// The time the statements took, planning included.
+    pub elapsed: Duration,
     /// The part of the run spent planning (SQL to the physical plan, the
     /// session's optimizer rules included).
     pub planning: Duration,
@@ -99,9 +102,12 @@ pub struct Run {
 }
 
 /// As [`run_statements`], with the time spent planning and in each kind of
-/// operator.
+/// operator. The operators of a distributed plan are its stages' on every
+/// worker, as the workers report them once their tasks end; waiting for
+/// those reports is not counted in the run's time.
 pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
-    let (mut rows, mut planning, mut operators) = (vec![], Duration::ZERO, BTreeMap::new());
+    let (mut rows, mut elapsed, mut planning, mut operators) =
+        (vec![], Duration::ZERO, Duration::ZERO, BTreeMap::new());
     for statement in statements {
         let start = Instant::now();
         let frame = ctx.sql(statement).await?;
@@ -109,6 +115,8 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
         let plan = frame.create_physical_plan().await?;
         planning += start.elapsed();
         let batches = collect(Arc::clone(&plan), task).await?;
+        elapsed += start.elapsed();
+        let plan = rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::Aggregated).await?;
         add_operator_times(&plan, &mut operators);
         if is_query(statement) {
             rows.extend(batches);
@@ -116,7 +124,7 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
     }
     let mut operators: Vec<_> = operators.into_iter().collect();
     operators.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(Run { rows, planning, operators })
+    Ok(Run { rows, elapsed, planning, operators })
 }
 
 /// Adds the CPU time of each node of an executed plan to its operator's
@@ -127,6 +135,10 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
 /// other operators their `elapsed_compute`. A node's own time is meant to
 /// leave out its children's, so the entries add up to about the plan's CPU
 /// time.
+///
+/// The stages of a distributed plan are the coordinator's copies, with the
+/// joins it planned; a join whose metrics are a GPU join's (it moved bytes
+/// to a device) ran as one on its worker, and is counted as one.
 fn add_operator_times(plan: &Arc<dyn ExecutionPlan>, operators: &mut BTreeMap<String, Duration>) {
     if let Some(metrics) = plan.metrics() {
         let own_work = |name| metrics.sum_by_name(name).map(|value| value.as_usize());
@@ -134,7 +146,11 @@ fn add_operator_times(plan: &Arc<dyn ExecutionPlan>, operators: &mut BTreeMap<St
             .or_else(|| own_work("repartition_time"))
             .or_else(|| metrics.elapsed_compute())
             .unwrap_or(0);
-        *operators.entry(plan.name().to_string()).or_default() += Duration::from_nanos(nanos as u64);
+        let name = match own_work("bytes_to_device") {
+            Some(_) => "GpuJoinExec",
+            None => plan.name(),
+        };
+        *operators.entry(name.to_string()).or_default() += Duration::from_nanos(nanos as u64);
     }
     for child in plan.children() {
         add_operator_times(child, operators);
