@@ -1,8 +1,9 @@
 //! The dynamic filters of DataFusion's hash join: planted in the probe
 //! side's Parquet scan where the hash join would plant one, fed with the
 //! build side's key span, so that the scan skips what DataFusion's plan
-//! skips; and the parent's filters routed through the join as the hash join
-//! routes them.
+//! skips; the parent's filters routed through the join as the hash join
+//! routes them; and a GPU join's filter applied by a GPU join below to its
+//! own input rows.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -263,5 +264,46 @@ async fn joins_swapped_as_planned_feed_the_planted_filters() {
         scans_of_s(&swapped, &mut scanned);
         assert_eq!(sorted_rows(&batches), expected, "partitioned: {partitioned}");
         assert!(scanned <= datafusion_scanned.max(2 * GROUP_ROWS), "{scanned} against {datafusion_scanned}");
+    }
+}
+
+/// A tree of GPU joins: a semi join whose build side is 50 keys, above a
+/// join of 100,000 facts with 20,000 dimension rows. The semi join's filter
+/// passes through the join below on its way to the scans, and that join
+/// drops the dimension rows none of the 50 keys matches before it joins
+/// them; in both partition modes, with DataFusion's rows, as with a build
+/// side of no rows or of NULL keys and keys no row has.
+#[tokio::test]
+async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
+    let build_sides = [
+        ("SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)", 250, 19_950),
+        ("SELECT value AS k FROM generate_series(1, 50) WHERE value < 0", 0, 20_000),
+        ("SELECT CASE WHEN value % 2 = 0 THEN NULL ELSE value + 30000 END AS k FROM generate_series(1, 9)", 0, 20_000),
+    ];
+    for (semi_build, rows, dropped) in build_sides {
+        for partitioned in [false, true] {
+            let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+            for ctx in [&gpu, &datafusion] {
+                run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)")
+                    .await;
+                run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
+                run(ctx, &format!("CREATE TABLE s AS {semi_build}")).await;
+            }
+            let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
+            let case = format!("{semi_build}, partitioned: {partitioned}");
+            let expected = sorted_rows(&run(&datafusion, sql).await);
+            let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+            let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();
+            assert_eq!(sorted_rows(&batches), expected, "{case}");
+            assert_eq!(expected.len(), rows, "{case}");
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert!(text.contains("filters_from_above=[build: 1"), "{case}\n{text}");
+            let filtered: usize = gpu_joins(&plan)
+                .iter()
+                .filter_map(|join| join.metrics()?.sum_by_name("rows_filtered_from_above"))
+                .map(|rows| rows.as_usize())
+                .sum();
+            assert!(filtered >= dropped, "only {filtered} rows were filtered ({case})\n{text}");
+        }
     }
 }

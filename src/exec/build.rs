@@ -39,6 +39,7 @@ use tokio::sync::watch;
 use super::device_build::DeviceBuild;
 use super::device_join::DeviceJoin;
 use super::fallback::{concatenated_last_first, hash_join_over, in_key_order};
+use super::filters_from_above::RowReduction;
 use super::inputs::PartitionInputs;
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_into_passes};
@@ -240,6 +241,39 @@ struct KeyReading {
     spans: bool,
 }
 
+impl KeyReading {
+    /// Adds `batch` to `collected`, with its keys and their spans as asked.
+    fn read(&self, batch: RecordBatch, collected: &mut Collected) -> Result<()> {
+        if self.keep || self.spans {
+            let evaluated = evaluate_keys(&self.expressions, &batch)?;
+            if self.spans {
+                collected.ranges =
+                    KeyRanges::merge_known(collected.ranges.take(), Some(KeyRanges::of_piece(&evaluated)));
+            }
+            if self.keep {
+                collected.keys.push(evaluated);
+            }
+        }
+        collected.batches.push(batch);
+        Ok(())
+    }
+}
+
+/// The collected build side less the rows that the filters of joins above
+/// drop, its keys and their spans read again where any was; and how many
+/// were.
+async fn reduced(reduction: &RowReduction, collected: Collected, reading: &KeyReading) -> Result<(Collected, usize)> {
+    let (batches, dropped) = reduction.reduce(collected.batches).await?;
+    if dropped == 0 {
+        return Ok((Collected { batches, ..collected }, 0));
+    }
+    let mut reduced = Collected::default();
+    for batch in batches {
+        reading.read(batch, &mut reduced)?;
+    }
+    Ok((reduced, dropped))
+}
+
 /// How long a task reading a build input keeps its worker: after as long,
 /// it counts what it read into the reservation and `rows_in`, and yields if
 /// asked. Counted and yielding after every batch, sixteen tasks reading
@@ -264,17 +298,8 @@ async fn read_partition(
     let mut collected = Collected::default();
     let (mut bytes, mut rows, mut counted) = (0, 0, Instant::now());
     while let Some(batch) = input.next().await.transpose()? {
-        if keys.keep || keys.spans {
-            let evaluated = evaluate_keys(&keys.expressions, &batch)?;
-            if keys.spans {
-                collected.ranges = KeyRanges::merge_known(collected.ranges, Some(KeyRanges::of_piece(&evaluated)));
-            }
-            if keys.keep {
-                collected.keys.push(evaluated);
-            }
-        }
         (bytes, rows) = (bytes + batch.get_array_memory_size(), rows + batch.num_rows());
-        collected.batches.push(batch);
+        keys.read(batch, &mut collected)?;
         if counted.elapsed() < COUNT_EVERY {
             continue;
         }
@@ -337,8 +362,17 @@ impl<B: JoinBackend> DeviceJoin<B> {
         // the operator benchmark).
         let keep = self.definition.build_keys.iter().all(|key| key.downcast_ref::<Column>().is_some());
         let reading = KeyReading { expressions: self.definition.build_keys.clone(), keep, spans };
-        let Collected { batches, keys, ranges } =
+        let mut collected =
             collect_input(&inputs.left, partition, &inputs.context, &reservation, &reading, rows_in).await?;
+        if let Some(reduction) = &inputs.reductions.build {
+            let dropped;
+            (collected, dropped) = reduced(reduction, collected, &reading).await?;
+            if dropped > 0 {
+                inputs.metrics.rows_filtered_from_above.add(dropped);
+                reservation.try_resize(collected.batches.iter().map(RecordBatch::get_array_memory_size).sum())?;
+            }
+        }
+        let Collected { batches, keys, ranges } = collected;
         if let Some(report) = report {
             let options = &inputs.context.session_config().options().optimizer;
             report.send(ranges.as_ref(), &batches, &self.definition.build_keys, options);

@@ -31,6 +31,9 @@ impl DisplayAs for GpuJoinExec {
                 if self.devices().len() > 1 {
                     write!(f, ", devices={:?}", self.devices().ordinals())?;
                 }
+                if !self.from_above.is_empty() {
+                    write!(f, ", filters_from_above=[{}]", self.from_above.text())?;
+                }
                 if let Some(filter) = self.filter() {
                     let on = if self.definition.pair_filter.is_some() { "backend" } else { "host" };
                     write!(f, ", filter={}, filter_on={on}", filter.expression())?;

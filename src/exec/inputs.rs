@@ -6,6 +6,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::PartitionMode;
 
+use super::filters_from_above::RowReduction;
 use super::metrics::GpuJoinMetrics;
 use super::probe_filter::ProbeFilter;
 use crate::algorithms::OutputLimits;
@@ -22,10 +23,20 @@ pub(crate) struct PartitionInputs {
     pub metrics: GpuJoinMetrics,
     /// The dynamic filter of the probe side's scan, where one reads it.
     pub probe_filter: Option<Arc<ProbeFilter>>,
+    /// What the rows read from each input go through, from joins above.
+    pub reductions: InputReductions,
     /// The join is the one DataFusion planned (`GpuJoinExec::reshaped`).
     pub as_planned: bool,
     /// The limits it joins within (smaller only in tests).
     pub limits: JoinLimits,
+}
+
+/// The dynamic filters of joins above that each input's rows go through
+/// ([`super::filters_from_above`]).
+#[derive(Debug, Default)]
+pub(crate) struct InputReductions {
+    pub build: Option<Arc<RowReduction>>,
+    pub probe: Option<Arc<RowReduction>>,
 }
 
 impl PartitionInputs {

@@ -10,6 +10,9 @@ pub(crate) struct GpuJoinMetrics {
     pub baseline: BaselineMetrics,
     pub build_rows: Count,
     pub probe_rows: Count,
+    /// Input rows dropped before the join by the dynamic filters of joins
+    /// above (`filters_from_above`); not in `build_rows` or `probe_rows`.
+    pub rows_filtered_from_above: Count,
     /// Collecting the build side from its input and assembling it on the
     /// host, before the transform; counted in the partition that collected
     /// it.
@@ -70,6 +73,7 @@ impl GpuJoinMetrics {
             baseline: BaselineMetrics::new(metrics, partition),
             build_rows: count("build_rows"),
             probe_rows: count("probe_rows"),
+            rows_filtered_from_above: count("rows_filtered_from_above"),
             build_collect_time: time("build_collect_time"),
             build_prepare_time: time("build_prepare_time"),
             probe_staging_time: time("probe_staging_time"),

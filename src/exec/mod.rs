@@ -13,6 +13,7 @@ mod device_build;
 mod device_join;
 mod display;
 mod fallback;
+mod filters_from_above;
 mod handoff;
 mod in_key_order;
 mod inputs;
@@ -36,8 +37,8 @@ mod twin;
 use std::any::Any;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinType, NullEquality, internal_err};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{JoinSide, JoinType, NullEquality, internal_err};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -61,7 +62,8 @@ use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
 use crate::backend::{BackendHandle, Devices};
 use crate::config::GpuJoinConfig;
 use crate::testing::JoinLimits;
-use inputs::PartitionInputs;
+use filters_from_above::FiltersFromAbove;
+use inputs::{InputReductions, PartitionInputs};
 use key_order::OrderedOutput;
 pub(crate) use key_order::SortMergeOrder;
 use metrics::GpuJoinMetrics;
@@ -100,6 +102,8 @@ pub struct GpuJoinExec {
     ordered: Option<OrderedOutput>,
     /// The dynamic filter planted in the probe side's scan, if any.
     probe_filter: Option<Arc<ProbeFilter>>,
+    /// The dynamic filters of joins above that pass through this one.
+    from_above: FiltersFromAbove,
     /// The join is the hash join DataFusion planned, its mode and inputs
     /// unchanged; see [`GpuJoinExec::reshaped`].
     as_planned: bool,
@@ -135,8 +139,7 @@ impl GpuJoinExec {
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
         let planned = planned_sizes(statistics, twin.right(), &probe_keys(&twin), build_sides(&twin));
         let definition = Arc::new(Self::definition(&twin, options, key_order, planned)?);
-        let as_planned = replaces == ReplacedOperator::HashJoin;
-        Self::assemble(twin, definition, devices, replaces, ordered, None, as_planned)
+        Self::assemble(twin, definition, devices, replaces, ordered, None, FiltersFromAbove::default())
     }
 
     /// Marks the join as run in another shape than DataFusion planned (its
@@ -159,7 +162,7 @@ impl GpuJoinExec {
         replaces: ReplacedOperator,
         ordered: Option<OrderedOutput>,
         dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
-        as_planned: bool,
+        from_above: FiltersFromAbove,
     ) -> Result<Self> {
         // A fresh one per plan node, as the runner: its build sides report anew.
         let probe_filter = dynamic_filter.map(|filter| ProbeFilter::new(filter, &twin).map(Arc::new)).transpose()?;
@@ -172,7 +175,19 @@ impl GpuJoinExec {
             Arc::clone(&chosen),
         );
         let metrics = ExecutionPlanMetricsSet::new();
-        Ok(Self { twin, definition, devices, replaces, runner, metrics, chosen, ordered, probe_filter, as_planned })
+        Ok(Self {
+            twin,
+            definition,
+            devices,
+            replaces,
+            runner,
+            metrics,
+            chosen,
+            ordered,
+            probe_filter,
+            from_above,
+            as_planned: replaces == ReplacedOperator::HashJoin,
+        })
     }
 
     fn definition(
@@ -211,6 +226,15 @@ impl GpuJoinExec {
         twin: Arc<HashJoinExec>,
         dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
     ) -> Result<Self> {
+        self.with_twin_and_filters(twin, dynamic_filter, self.from_above.clone())
+    }
+
+    fn with_twin_and_filters(
+        &self,
+        twin: Arc<HashJoinExec>,
+        dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+        from_above: FiltersFromAbove,
+    ) -> Result<Self> {
         let ordered = self.ordered.as_ref().map(|o| o.order.clone().output(&twin)).transpose()?;
         let key_order = ordered.as_ref().map(|o| o.key_order.clone());
         // The sizes as the rule planned them: DataFusion's later passes
@@ -225,7 +249,9 @@ impl GpuJoinExec {
             key_order,
             ..self.definition.as_ref().clone()
         });
-        Self::assemble(twin, definition, self.devices.clone(), self.replaces, ordered, dynamic_filter, self.as_planned)
+        let devices = self.devices.clone();
+        let join = Self::assemble(twin, definition, devices, self.replaces, ordered, dynamic_filter, from_above)?;
+        Ok(Self { as_planned: self.as_planned, ..join })
     }
 
     /// The same join feeding the dynamic filter `replaced`, the
@@ -357,7 +383,8 @@ impl ExecutionPlan for GpuJoinExec {
     ) -> Result<TreeNodeRecursion> {
         let keys = self.twin.on().iter().flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]);
         let filter = self.twin.filter().map(|f| Arc::clone(f.expression()));
-        apply_expression_roots(keys.chain(filter).chain(self.dynamic_expressions_produced()), f)
+        let from_above = self.from_above.expressions();
+        apply_expression_roots(keys.chain(filter).chain(self.dynamic_expressions_produced()).chain(from_above), f)
     }
 
     fn dynamic_expressions_produced(&self) -> Vec<Arc<dyn PhysicalExpr>> {
@@ -383,23 +410,25 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     /// A parent filter is taken where a child took it, as by the hash join;
-    /// the dynamic filter the probe side received is kept to be fed.
+    /// the dynamic filter the probe side received is kept to be fed, and
+    /// the dynamic filters from above that pass through to be applied to
+    /// the inputs' rows ([`filters_from_above`]).
     fn handle_child_pushdown_result(
         &self,
         _phase: FilterPushdownPhase,
         child_pushdown_result: ChildPushdownResult,
-        _config: &ConfigOptions,
+        config: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         let planted = child_pushdown_result.self_filters.get(1).and_then(|filters| filters.first());
         let dynamic = planted.and_then(|f| as_dynamic_filter(Arc::clone(&f.predicate)));
+        let from_above = FiltersFromAbove::routed(&self.twin, &child_pushdown_result.parent_filters, config)?;
         let result = FilterPushdownPropagation::if_any(child_pushdown_result);
-        Ok(match dynamic {
-            Some(filter) => {
-                let planted = self.with_twin(Arc::clone(&self.twin), Some(filter))?;
-                result.with_updated_node(Arc::new(planted) as Arc<dyn ExecutionPlan>)
-            }
-            None => result,
-        })
+        if dynamic.is_none() && from_above.is_empty() {
+            return Ok(result);
+        }
+        let dynamic = dynamic.or_else(|| self.dynamic_filter());
+        let updated = self.with_twin_and_filters(Arc::clone(&self.twin), dynamic, self.from_above.with(from_above))?;
+        Ok(result.with_updated_node(Arc::new(updated) as Arc<dyn ExecutionPlan>))
     }
 
     fn replace_children(
@@ -422,7 +451,8 @@ impl ExecutionPlan for GpuJoinExec {
     /// As the hash join's: the dynamic filter goes with the rest of the
     /// state.
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(self.with_twin(Arc::new(self.twin.builder().reset_state().build()?), None)?))
+        let twin = Arc::new(self.twin.builder().reset_state().build()?);
+        Ok(Arc::new(self.with_twin_and_filters(twin, None, FiltersFromAbove::default())?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -441,6 +471,13 @@ impl ExecutionPlan for GpuJoinExec {
             Some(filter) if filter.read_in(self.right())? => Some(Arc::clone(filter)),
             _ => None,
         };
+        if let Some(filter) = &probe_filter {
+            filter.feeding(applied_below(self.right(), filter.filter())?);
+        }
+        let reductions = InputReductions {
+            build: self.from_above.reduction(JoinSide::Left, self.left()),
+            probe: self.from_above.reduction(JoinSide::Right, self.right()),
+        };
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,
             limits: JoinLimits::of(context.session_config()),
@@ -451,6 +488,7 @@ impl ExecutionPlan for GpuJoinExec {
             fetch: self.twin.fetch(),
             metrics: GpuJoinMetrics::new(&self.metrics, partition, self.device_of(partition)),
             probe_filter,
+            reductions,
             as_planned: self.as_planned,
         })
     }
@@ -483,6 +521,17 @@ impl ExecutionPlan for GpuJoinExec {
         let twin = self.twin.builder().with_fetch(limit).build().ok()?;
         Some(Arc::new(self.with_twin(Arc::new(twin), self.dynamic_filter()).ok()?))
     }
+}
+
+/// Whether a GPU join in `plan` applies `filter` to its input rows
+/// ([`filters_from_above`]).
+fn applied_below(plan: &Arc<dyn ExecutionPlan>, filter: &DynamicFilterPhysicalExpr) -> Result<bool> {
+    let mut found = false;
+    plan.apply(|node| {
+        found = node.downcast_ref::<GpuJoinExec>().is_some_and(|join| join.from_above.holds(filter));
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    })?;
+    Ok(found)
 }
 
 /// `expression` as the dynamic filter it is, if it is one.

@@ -52,6 +52,7 @@ use tokio::sync::oneshot;
 use super::build::{CollectedBuild, PendingBuild};
 use super::device_build::DeviceBuild;
 use super::device_join::DeviceJoin;
+use super::filters_from_above::reduced;
 use super::handoff::{HandedOver, Handover, hand_over};
 use super::in_key_order::join_partition_in_key_order;
 use super::inputs::PartitionInputs;
@@ -391,12 +392,11 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
     }
 }
 
-/// The partition's probe input, its rows counted as they are read.
+/// The partition's probe input, its rows counted as they are read, less
+/// those the filters of joins above drop.
 fn probe_input(inputs: &PartitionInputs) -> Result<ProbeInput> {
     let rows = inputs.metrics.probe_rows.clone();
-    Ok(inputs
-        .right
-        .execute(inputs.partition, Arc::clone(&inputs.context))?
-        .inspect_ok(move |batch| rows.add(batch.num_rows()))
-        .boxed())
+    let read = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?.boxed();
+    let (reduction, dropped) = (inputs.reductions.probe.clone(), inputs.metrics.rows_filtered_from_above.clone());
+    Ok(reduced(read, reduction, dropped).inspect_ok(move |batch| rows.add(batch.num_rows())).boxed())
 }

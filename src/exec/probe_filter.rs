@@ -15,8 +15,17 @@
 //! them all, complete once each has reported; until then a partition does
 //! not read its probe input, as the hash join does not, so that no probe
 //! row is read before the filter could drop it.
+//!
+//! A GPU join below, through which the filter passes on its way to the
+//! scans, applies it to its own input rows ([`super::filters_from_above`]):
+//! it finds the filter among those fed ([`ProbeFilter::fed`]), waits for it
+//! to complete, and also drops the rows whose key is none of the build
+//! sides' ([`ProbeFilter::members_of`]), where they are one key column of
+//! at most [`MEMBERSHIP_MAX_KEYS`] rows in all.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::compute::concat;
@@ -44,7 +53,25 @@ pub(crate) struct ProbeFilter {
     /// still counts: a null-aware anti join, or NULLs that match NULLs.
     null_keys: Option<PhysicalExprRef>,
     reports: Mutex<Reports>,
+    /// A GPU join below applies the filter to its rows ([`Self::feeding`]).
+    applied_below: AtomicBool,
+    /// The build sides' keys, once all have reported, where a join below
+    /// applies them and they are one column of at most
+    /// [`MEMBERSHIP_MAX_KEYS`] rows in all.
+    members: OnceLock<Option<ArrayRef>>,
 }
+
+/// The most build rows whose keys a join below checks its rows' keys
+/// against, besides the spans: enough for the build sides that cut a
+/// join tree down (TPC-H Q18's 6,400 orders at SF 100), few enough that
+/// the set of them costs little to hold and to build (8 MiB of 8-byte
+/// keys).
+pub(crate) const MEMBERSHIP_MAX_KEYS: usize = 1 << 20;
+
+/// The filters GPU joins of running plans feed, by expression id, with
+/// what their build sides reported: where a join below finds the filters
+/// it may wait for ([`ProbeFilter::fed`]).
+static FED: LazyLock<Mutex<HashMap<u64, Weak<ProbeFilter>>>> = LazyLock::new(Mutex::default);
 
 #[derive(Debug)]
 struct Reports {
@@ -56,6 +83,9 @@ struct Reports {
     /// The keys of the build sides reported so far, `None` once one had
     /// too many to list.
     keys: Option<Vec<ArrayRef>>,
+    /// The keys of the build sides reported so far for the joins below,
+    /// `None` once they are more than [`MEMBERSHIP_MAX_KEYS`] rows.
+    members: Option<Vec<ArrayRef>>,
     /// A build side was lost before its spans were known: the filter stays
     /// as it is.
     lost: bool,
@@ -70,8 +100,52 @@ impl ProbeFilter {
             true => any_null(&probe_keys, &probe_schema)?,
             false => None,
         };
-        let reports = Mutex::new(Reports { waiting: build_sides(twin), ranges: None, keys: Some(vec![]), lost: false });
-        Ok(Self { filter, probe_keys, probe_schema, null_keys, reports })
+        let reports = Mutex::new(Reports {
+            waiting: build_sides(twin),
+            ranges: None,
+            keys: Some(vec![]),
+            members: Some(vec![]),
+            lost: false,
+        });
+        let (applied_below, members) = (AtomicBool::new(false), OnceLock::new());
+        Ok(Self { filter, probe_keys, probe_schema, null_keys, reports, applied_below, members })
+    }
+
+    /// Records that the join feeds the filter in a running plan, and
+    /// whether a GPU join below applies it to its rows, which may then wait
+    /// for it and check their keys against the build sides'.
+    pub fn feeding(self: &Arc<Self>, applied_below: bool) {
+        self.applied_below.store(applied_below, Ordering::Relaxed);
+        if !applied_below {
+            return;
+        }
+        let (Some(id), Ok(mut fed)) = (self.filter.expression_id(), FED.lock()) else {
+            return;
+        };
+        fed.retain(|_, filter| filter.strong_count() > 0);
+        fed.insert(id, Arc::downgrade(self));
+    }
+
+    /// The GPU join's filter that `filter` is (or a copy of, in another
+    /// plan's columns), where a running join feeds it: one that completes
+    /// once that join's build sides are in.
+    pub fn fed(filter: &DynamicFilterPhysicalExpr) -> Option<Arc<Self>> {
+        let id = filter.expression_id()?;
+        FED.lock().ok()?.get(&id)?.upgrade()
+    }
+
+    /// Once complete: `key IN (…)` over every build side's keys, for the
+    /// rows of a join below whose key, in that join's columns, is `key`
+    /// (the filter's own key, remapped). `None` where the keys are more
+    /// than one column or [`MEMBERSHIP_MAX_KEYS`] rows, where a NULL key
+    /// can match, or where they are not known.
+    pub fn members_of(&self, key: &[PhysicalExprRef], schema: &Schema) -> Option<PhysicalExprRef> {
+        let ([key], None) = (key, &self.null_keys) else {
+            return None;
+        };
+        let members = self.members.get()?.as_ref()?;
+        let list = InListExpr::try_new_from_array(Arc::clone(key), Arc::clone(members), false, schema).ok()?;
+        Some(Arc::new(list))
     }
 
     pub fn filter(&self) -> &Arc<DynamicFilterPhysicalExpr> {
@@ -120,9 +194,19 @@ impl ProbeFilter {
             match report {
                 Some(BuildReport { ranges, keys }) => {
                     reports.ranges = KeyRanges::merge_known(reports.ranges.take(), ranges.cloned());
+                    reports.members = match (reports.members.take(), &keys) {
+                        (Some(mut before), Some(keys))
+                            if before.iter().chain(&keys.array).map(|k| k.len()).sum::<usize>()
+                                <= MEMBERSHIP_MAX_KEYS =>
+                        {
+                            before.extend(keys.array.iter().cloned());
+                            Some(before)
+                        }
+                        _ => None,
+                    };
                     reports.keys = match (reports.keys.take(), keys) {
-                        (Some(mut before), Some(keys)) => {
-                            before.extend(keys);
+                        (Some(mut before), Some(keys)) if keys.listable => {
+                            before.extend(keys.array);
                             Some(before)
                         }
                         _ => None,
@@ -131,11 +215,21 @@ impl ProbeFilter {
                 None => reports.lost = true,
             }
             reports.waiting = reports.waiting.saturating_sub(1);
-            (reports.waiting == 0).then(|| (!reports.lost).then(|| (reports.ranges.clone(), reports.keys.clone())))
+            (reports.waiting == 0).then(|| {
+                (!reports.lost).then(|| (reports.ranges.clone(), reports.keys.clone(), reports.members.take()))
+            })
         };
         let Some(known) = finished else {
             return;
         };
+        let (known, members) = match known {
+            Some((ranges, keys, members)) => (Some((ranges, keys)), members),
+            None => (None, None),
+        };
+        // No piece: no build row, which the spans already rule out.
+        let members = members.and_then(|pieces| concat(&pieces.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).ok());
+        // Set before the filter completes: the joins below read it once it has.
+        let _ = self.members.set(members);
         if let Some(predicate) = known.and_then(|(ranges, keys)| self.predicate(ranges.as_ref(), keys.as_deref()))
             && let Err(e) = self.filter.update(predicate)
         {
@@ -189,8 +283,17 @@ impl ProbeFilter {
 struct BuildReport<'a> {
     /// Its spans, `None` when it has no row.
     ranges: Option<&'a KeyRanges>,
-    /// Its one key column, where it is few enough rows to list.
-    keys: Option<Vec<ArrayRef>>,
+    /// Its one key column, where it is no more than
+    /// [`MEMBERSHIP_MAX_KEYS`] rows.
+    keys: Option<BuildKeys>,
+}
+
+/// A build side's one key column, gathered into one array (none without
+/// rows).
+struct BuildKeys {
+    array: Option<ArrayRef>,
+    /// Few enough rows for the hash join to list them.
+    listable: bool,
 }
 
 /// A build side's part in the filter; see [`ProbeFilter::report`].
@@ -207,34 +310,42 @@ impl SpanReport {
         options: &OptimizerOptions,
     ) {
         if let Some(filter) = self.0.take() {
-            let keys = listed_keys(batches, build_keys, options);
+            let most = match filter.applied_below.load(Ordering::Relaxed) {
+                true => MEMBERSHIP_MAX_KEYS,
+                false => options.hash_join_inlist_pushdown_max_distinct_values,
+            };
+            let keys = listed_keys(batches, build_keys, most, options);
             filter.arrive(Some(BuildReport { ranges, keys }));
         }
     }
 }
 
-/// A build side's one key column, gathered into one array (none without
-/// rows), where its rows are no more than the hash join lists
-/// (`hash_join_inlist_pushdown_max_distinct_values`, counted here before
-/// duplicates go, and `…_max_size` bytes).
+/// A build side's one key column, gathered into one array, where it is no
+/// more than `most` rows; listable where they are no more than the hash
+/// join lists (`hash_join_inlist_pushdown_max_distinct_values`, counted
+/// here before duplicates go, and `…_max_size` bytes).
 fn listed_keys(
     batches: &[RecordBatch],
     build_keys: &[PhysicalExprRef],
+    most: usize,
     options: &OptimizerOptions,
-) -> Option<Vec<ArrayRef>> {
+) -> Option<BuildKeys> {
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    if build_keys.len() != 1 || rows > options.hash_join_inlist_pushdown_max_distinct_values {
+    if build_keys.len() != 1 || rows > most {
         return None;
     }
     let pieces = batches.iter().map(|batch| evaluate_keys(build_keys, batch)).collect::<Result<Vec<_>>>().ok()?;
     let pieces: Vec<&dyn Array> = pieces.iter().flatten().map(|piece| piece.as_ref()).collect();
-    if pieces.is_empty() {
-        return Some(vec![]);
-    }
+    let array = match pieces.as_slice() {
+        [] => None,
+        _ => Some(concat(&pieces).ok()?),
+    };
     // Measured once gathered: the pieces may be slices of larger arrays
     // (an aggregation's output, say), whose whole buffers they would count.
-    let keys = concat(&pieces).ok()?;
-    (keys.get_array_memory_size() <= options.hash_join_inlist_pushdown_max_size).then_some(vec![keys])
+    let bytes = array.as_ref().map_or(0, |keys| keys.get_array_memory_size());
+    let listable = rows <= options.hash_join_inlist_pushdown_max_distinct_values
+        && bytes <= options.hash_join_inlist_pushdown_max_size;
+    Some(BuildKeys { array, listable })
 }
 
 impl Drop for SpanReport {
