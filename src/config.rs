@@ -360,6 +360,15 @@ extensions_options! {
         /// rows; later ones by those of the chunks so far. 0 always uploads
         /// them.
         pub probe_device_gather_ratio: f64, default = 0.25
+        /// Apply the dynamic filter of a GPU join above to the rows of a GPU
+        /// join below, through which it passes on its way to the scans: the
+        /// join below waits until the one above has its build sides in, as
+        /// long as they are one key column of at most 2^20 rows, then drops
+        /// the rows whose key none of them holds (and those outside their
+        /// spans) before it joins them. Off, the filter only reaches the
+        /// scans, which skip row groups with it. EXPLAIN shows
+        /// `filters_from_above=[…]` on the joins below.
+        pub filters_from_above: bool, default = false
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
         /// candidate pairs where they lie. Other filters, and all of them

@@ -12,7 +12,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect,
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::replace_joins_as_planned;
 
-use crate::common::{datafusion_context, gpu_context, gpu_joins, run, sorted_rows, test_options};
+use crate::common::{datafusion_context, gpu_context, gpu_joins, physical_plan_text, run, sorted_rows, test_options};
 
 /// Rows of the probe table, sorted by key, in row groups of `GROUP_ROWS`.
 const PROBE_ROWS: i64 = 65_536;
@@ -268,11 +268,13 @@ async fn joins_swapped_as_planned_feed_the_planted_filters() {
 }
 
 /// A tree of GPU joins: a semi join whose build side is 50 keys, above a
-/// join of 100,000 facts with 20,000 dimension rows. The semi join's filter
-/// passes through the join below on its way to the scans, and that join
-/// drops the dimension rows none of the 50 keys matches before it joins
-/// them; in both partition modes, with DataFusion's rows, as with a build
-/// side of no rows or of NULL keys and keys no row has.
+/// join of 100,000 facts with 20,000 dimension rows. With
+/// `gpu_join.filters_from_above`, the semi join's filter passes through the
+/// join below on its way to the scans, and that join drops the dimension
+/// rows none of the 50 keys matches before it joins them; in both
+/// partition modes, with DataFusion's rows, as with a build side of no rows
+/// or of NULL keys and keys no row has. Without it the join below applies
+/// nothing.
 #[tokio::test]
 async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
     let build_sides = [
@@ -291,6 +293,9 @@ async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
             }
             let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
             let case = format!("{semi_build}, partitioned: {partitioned}");
+            let off = physical_plan_text(&gpu, sql).await;
+            assert!(!off.contains("filters_from_above"), "{case}, filters_from_above off:\n{off}");
+            run(&gpu, "SET gpu_join.filters_from_above = true").await;
             let expected = sorted_rows(&run(&datafusion, sql).await);
             let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
             let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();

@@ -43,6 +43,7 @@ use super::filters_from_above::RowReduction;
 use super::inputs::PartitionInputs;
 use super::metrics::GpuJoinMetrics;
 use super::passes::{BuildPasses, pass_count, split_into_passes};
+use super::probe_filter::ProbeFilter;
 use super::read_ahead::SlotJoin;
 use super::runtime::{CancelOnDrop, admitted, is_out_of_memory, run_blocking};
 use super::smaller_side::{SwappableBuild, may_swap_sides};
@@ -205,7 +206,7 @@ async fn collect_input(
     context: &Arc<TaskContext>,
     reservation: &Arc<MemoryReservation>,
     keys: &KeyReading,
-    rows_in: Arc<AtomicUsize>,
+    rows_in: RowsIn,
 ) -> Result<Collected> {
     let coalesced = match left.downcast_ref::<CoalescePartitionsExec>() {
         Some(coalesce) if coalesce.fetch().is_none() => coalesce.input(),
@@ -214,7 +215,7 @@ async fn collect_input(
     let tasks = (0..coalesced.output_partitioning().partition_count())
         .map(|p| {
             let (plan, context) = (Arc::clone(coalesced), Arc::clone(context));
-            let (reservation, keys, rows_in) = (Arc::clone(reservation), keys.clone(), Arc::clone(&rows_in));
+            let (reservation, keys, rows_in) = (Arc::clone(reservation), keys.clone(), rows_in.clone());
             SpawnedTask::spawn(
                 async move { read_partition(&plan, p, &context, &reservation, &keys, &rows_in, true).await },
             )
@@ -229,6 +230,24 @@ async fn collect_input(
         collected.ranges = KeyRanges::merge_known(collected.ranges, part.ranges);
     }
     Ok(collected)
+}
+
+/// Where the rows of a build side are counted as they are collected: the
+/// cell the join's partitions share, and the join's dynamic filter, for
+/// the joins below that wait for it ([`ProbeFilter::collecting`]).
+#[derive(Clone)]
+struct RowsIn {
+    cell: Arc<AtomicUsize>,
+    filter: Option<Arc<ProbeFilter>>,
+}
+
+impl RowsIn {
+    fn add(&self, rows: usize) {
+        self.cell.fetch_add(rows, Ordering::Relaxed);
+        if let Some(filter) = &self.filter {
+            filter.collecting(rows);
+        }
+    }
 }
 
 /// What the tasks reading a build input do with each batch's keys.
@@ -291,7 +310,7 @@ async fn read_partition(
     context: &Arc<TaskContext>,
     reservation: &MemoryReservation,
     keys: &KeyReading,
-    rows_in: &AtomicUsize,
+    rows_in: &RowsIn,
     yields: bool,
 ) -> Result<Collected> {
     let mut input = plan.execute(partition, Arc::clone(context))?;
@@ -304,7 +323,7 @@ async fn read_partition(
             continue;
         }
         reservation.try_grow(std::mem::take(&mut bytes))?;
-        rows_in.fetch_add(std::mem::take(&mut rows), Ordering::Relaxed);
+        rows_in.add(std::mem::take(&mut rows));
         // The input is often always ready (batches in memory, a join
         // below handing them on), and a task that never yields keeps one
         // woken on its worker from running: the build input's other
@@ -316,7 +335,7 @@ async fn read_partition(
         counted = Instant::now();
     }
     reservation.try_grow(bytes)?;
-    rows_in.fetch_add(rows, Ordering::Relaxed);
+    rows_in.add(rows);
     Ok(collected)
 }
 
@@ -362,6 +381,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         // the operator benchmark).
         let keep = self.definition.build_keys.iter().all(|key| key.downcast_ref::<Column>().is_some());
         let reading = KeyReading { expressions: self.definition.build_keys.clone(), keep, spans };
+        let rows_in = RowsIn { cell: rows_in, filter: inputs.probe_filter.clone() };
         let mut collected =
             collect_input(&inputs.left, partition, &inputs.context, &reservation, &reading, rows_in).await?;
         if let Some(reduction) = &inputs.reductions.build {

@@ -412,7 +412,7 @@ impl ExecutionPlan for GpuJoinExec {
     /// A parent filter is taken where a child took it, as by the hash join;
     /// the dynamic filter the probe side received is kept to be fed, and
     /// the dynamic filters from above that pass through to be applied to
-    /// the inputs' rows ([`filters_from_above`]).
+    /// the inputs' rows (`filters_from_above`).
     fn handle_child_pushdown_result(
         &self,
         _phase: FilterPushdownPhase,
@@ -421,7 +421,10 @@ impl ExecutionPlan for GpuJoinExec {
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         let planted = child_pushdown_result.self_filters.get(1).and_then(|filters| filters.first());
         let dynamic = planted.and_then(|f| as_dynamic_filter(Arc::clone(&f.predicate)));
-        let from_above = FiltersFromAbove::routed(&self.twin, &child_pushdown_result.parent_filters, config)?;
+        let from_above = match GpuJoinConfig::from_config(config).filters_from_above {
+            true => FiltersFromAbove::routed(&self.twin, &child_pushdown_result.parent_filters, config)?,
+            false => FiltersFromAbove::default(),
+        };
         let result = FilterPushdownPropagation::if_any(child_pushdown_result);
         if dynamic.is_none() && from_above.is_empty() {
             return Ok(result);

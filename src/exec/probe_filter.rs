@@ -24,7 +24,7 @@
 //! at most [`MEMBERSHIP_MAX_KEYS`] rows in all.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
@@ -38,6 +38,7 @@ use datafusion::physical_expr::expressions::{BinaryExpr, DynamicFilterPhysicalEx
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
+use tokio::sync::watch;
 
 use super::twin::{build_sides, probe_keys};
 use crate::algorithms::evaluate_keys;
@@ -55,6 +56,12 @@ pub(crate) struct ProbeFilter {
     reports: Mutex<Reports>,
     /// A GPU join below applies the filter to its rows ([`Self::feeding`]).
     applied_below: AtomicBool,
+    /// Build rows collected so far, over every build side, where a join
+    /// below applies the filter.
+    collected: AtomicUsize,
+    /// Set once more build rows are in than their keys could be listed for
+    /// the joins below ([`MEMBERSHIP_MAX_KEYS`]), which then stop waiting.
+    unlisted: watch::Sender<bool>,
     /// The build sides' keys, once all have reported, where a join below
     /// applies them and they are one column of at most
     /// [`MEMBERSHIP_MAX_KEYS`] rows in all.
@@ -107,8 +114,17 @@ impl ProbeFilter {
             members: Some(vec![]),
             lost: false,
         });
-        let (applied_below, members) = (AtomicBool::new(false), OnceLock::new());
-        Ok(Self { filter, probe_keys, probe_schema, null_keys, reports, applied_below, members })
+        Ok(Self {
+            filter,
+            probe_keys,
+            probe_schema,
+            null_keys,
+            reports,
+            applied_below: AtomicBool::new(false),
+            collected: AtomicUsize::new(0),
+            unlisted: watch::Sender::new(false),
+            members: OnceLock::new(),
+        })
     }
 
     /// Records that the join feeds the filter in a running plan, and
@@ -132,6 +148,35 @@ impl ProbeFilter {
     pub fn fed(filter: &DynamicFilterPhysicalExpr) -> Option<Arc<Self>> {
         let id = filter.expression_id()?;
         FED.lock().ok()?.get(&id)?.upgrade()
+    }
+
+    /// Counts build rows as they are collected: once more are in than
+    /// [`MEMBERSHIP_MAX_KEYS`], the joins below stop waiting for the filter.
+    pub fn collecting(&self, rows: usize) {
+        if self.applied_below.load(Ordering::Relaxed)
+            && self.collected.fetch_add(rows, Ordering::Relaxed) + rows > MEMBERSHIP_MAX_KEYS
+        {
+            self.unlisted.send_replace(true);
+        }
+    }
+
+    /// Whether a join below that applies the filter is to wait for it:
+    /// returns `true` once the filter is complete, `false` at once where
+    /// the build sides' keys can never be listed (several key columns,
+    /// NULLs that match) and as soon as more build rows are in than could
+    /// be. Spans alone cut little where a list does not; the scans have
+    /// them anyway, and the join below does not wait for the build sides
+    /// above, which would run one join's collection after another's.
+    pub async fn worth_waiting_for(&self) -> bool {
+        if self.probe_keys.len() != 1 || self.null_keys.is_some() {
+            return false;
+        }
+        let mut unlisted = self.unlisted.subscribe();
+        tokio::select! {
+            biased;
+            () = self.complete() => true,
+            _ = unlisted.wait_for(|unlisted| *unlisted) => false,
+        }
     }
 
     /// Once complete: `key IN (…)` over every build side's keys, for the
@@ -377,4 +422,80 @@ fn any_null(keys: &[PhysicalExprRef], schema: &Schema) -> Result<Option<Physical
         }
     }
     Ok(any)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::Field;
+    use datafusion::common::{JoinType, NullEquality};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::Column;
+    use datafusion::physical_plan::joins::PartitionMode;
+
+    use super::*;
+
+    /// A filter over the probe key of a `CollectLeft` inner join on `k`,
+    /// and the join's twin.
+    fn filter_of_a_join() -> Result<(Arc<ProbeFilter>, Arc<DynamicFilterPhysicalExpr>)> {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let side = || MemorySourceConfig::try_new_exec(&[vec![]], Arc::clone(&schema), None);
+        let key: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let twin = HashJoinExec::try_new(
+            side()?,
+            side()?,
+            vec![(Arc::clone(&key), Arc::clone(&key))],
+            None,
+            &JoinType::Inner,
+            None,
+            PartitionMode::CollectLeft,
+            NullEquality::NullEqualsNothing,
+            false,
+        )?;
+        let filter = Arc::new(DynamicFilterPhysicalExpr::new(vec![key], lit(true)));
+        Ok((Arc::new(ProbeFilter::new(Arc::clone(&filter), &twin)?), filter))
+    }
+
+    /// A join below waits for the filter while the build side may still be
+    /// few enough rows to list, and no longer once more are in.
+    #[tokio::test]
+    async fn joins_below_wait_only_while_the_build_keys_may_be_listed() -> Result<()> {
+        let (source, filter) = filter_of_a_join()?;
+        source.feeding(true);
+        assert!(ProbeFilter::fed(&filter).is_some(), "the filter is not found among those fed");
+        source.collecting(MEMBERSHIP_MAX_KEYS);
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), source.worth_waiting_for()).await;
+        assert!(waiting.is_err(), "a join below stopped waiting while the keys could still be listed");
+        source.collecting(1);
+        assert!(!source.worth_waiting_for().await, "a join below waits for a build side too large to list");
+        Ok(())
+    }
+
+    /// The keys reported are the set the join below checks its rows against.
+    #[tokio::test]
+    async fn the_keys_of_every_build_side_are_the_members() -> Result<()> {
+        let (source, _) = filter_of_a_join()?;
+        source.feeding(true);
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let build =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(arrow::array::Int64Array::from(vec![3, 7]))])?;
+        let key: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        source.report().send(
+            Some(&KeyRanges::of_piece(&[build.column(0).clone()])),
+            &[build],
+            &[Arc::clone(&key)],
+            &OptimizerOptions::default(),
+        );
+        assert!(source.worth_waiting_for().await, "a join below does not wait for a complete filter of two keys");
+        let members = source.members_of(&[Arc::clone(&key)], &schema).expect("the two keys are listed");
+        let probe = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(arrow::array::Int64Array::from(vec![1, 3, 5, 7]))],
+        )?;
+        let passes = members.evaluate(&probe)?.into_array(4)?;
+        assert_eq!(
+            datafusion::common::cast::as_boolean_array(&passes)?.iter().collect::<Vec<_>>(),
+            [Some(false), Some(true), Some(false), Some(true)]
+        );
+        Ok(())
+    }
 }
