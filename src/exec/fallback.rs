@@ -8,14 +8,17 @@
 //! sorted into it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
@@ -40,6 +43,26 @@ pub(super) async fn join_partition_on_cpu(
     let right = MemorySourceConfig::try_new_exec(&[vec![probe]], twin.right().schema(), None)?;
     let join = hash_join_over(twin, std::slice::from_ref(build), right, PartitionMode::CollectLeft, 0)?;
     collect(in_key_order(definition, join), context).await
+}
+
+/// The CPU time partition `partition` of DataFusion's plan `join` spent in
+/// its operators, not in the leaves that hand it the GPU join's batches.
+pub(super) fn datafusion_compute(join: &Arc<dyn ExecutionPlan>, partition: usize) -> Duration {
+    let mut nanos = 0;
+    let _ = join.apply(|node| {
+        if !node.children().is_empty()
+            && let Some(metrics) = node.metrics()
+        {
+            nanos += metrics
+                .iter()
+                .filter(|metric| metric.partition() == Some(partition))
+                .filter(|metric| matches!(metric.value(), MetricValue::ElapsedCompute(_)))
+                .map(|metric| metric.value().as_usize())
+                .sum::<usize>();
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    Duration::from_nanos(nanos as u64)
 }
 
 /// DataFusion's plan `join` made to leave in the GPU join's key order, if

@@ -8,17 +8,19 @@
 //! task to the consumer.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::execution::RecordBatchStream;
-use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::oneshot;
 
+use super::fallback::datafusion_compute;
 use super::inputs::PartitionInputs;
 use super::output::{OutputSender, output_slices, shared_slices};
 
@@ -32,22 +34,34 @@ pub(super) type Handover = oneshot::Sender<SendableRecordBatchStream>;
 /// planned (cut to `batch_size`), and otherwise in compacted slices of
 /// `batch_size` (see `GpuJoinExec::reshaped`). `build`, the build side
 /// and its memory reservation, lives as long as the stream.
+/// The time DataFusion's operator spent in the partition is added to the
+/// join's own `elapsed_compute` once its stream ends, so that the join's
+/// time counts the work it handed over.
 pub(super) async fn hand_over(
-    mut batches: SendableRecordBatchStream,
+    join: DataFusionJoin,
     build: impl Send + 'static,
     inputs: &PartitionInputs,
     handover: Handover,
     output: &mut OutputSender<'_>,
 ) -> Result<()> {
+    let DataFusionJoin { mut batches, plan } = join;
+    let (compute, partition) = (inputs.metrics.baseline.elapsed_compute().clone(), inputs.partition);
     if inputs.fetch.is_some() {
         let mut wanted = true;
         while let (true, Some(batch)) = (wanted, batches.next().await) {
             wanted = output.send(batch?).await?;
         }
+        compute.add_duration(datafusion_compute(&plan, partition));
         return Ok(());
     }
     let baseline = inputs.metrics.baseline.clone();
     let schema = batches.schema();
+    let ended = futures::stream::once(async move {
+        compute.add_duration(datafusion_compute(&plan, partition));
+        None
+    })
+    .filter_map(futures::future::ready);
+    let batches = batches.chain(ended);
     let (batch_size, as_planned) = (inputs.output_limits().batch_rows, inputs.as_planned);
     // DataFusion's operator may emit more than `batch_size` rows at once (a
     // left join's unmatched build rows).
@@ -63,6 +77,12 @@ pub(super) async fn hand_over(
     // The consumer has gone (the query was cancelled): nothing to hand on.
     let _ = handover.send(Box::pin(RecordBatchStreamAdapter::new(schema, handed)));
     Ok(())
+}
+
+/// A partition of DataFusion's operator: its output, and its plan.
+pub(super) struct DataFusionJoin {
+    pub batches: SendableRecordBatchStream,
+    pub plan: Arc<dyn ExecutionPlan>,
 }
 
 /// What the task sends, until it hands a stream over; then that stream.

@@ -53,7 +53,7 @@ use super::build::{CollectedBuild, PendingBuild};
 use super::device_build::DeviceBuild;
 use super::device_join::DeviceJoin;
 use super::filters_from_above::reduced;
-use super::handoff::{HandedOver, Handover, hand_over};
+use super::handoff::{DataFusionJoin, HandedOver, Handover, hand_over};
 use super::in_key_order::join_partition_in_key_order;
 use super::inputs::PartitionInputs;
 use super::output::OutputSender;
@@ -328,10 +328,12 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
     ) -> Result<PartitionState<B>> {
         let (join, inputs) = (self.join(), self.inputs);
         let collected = pending.placed().await?;
-        let batches = match collected.as_ref() {
+        let (batches, plan) = match collected.as_ref() {
             CollectedBuild::OnCpu { join: shared, swappable, .. } => match swappable {
                 Some(build) => smaller_side::join_on_cpu(join, build, probe, inputs, Some(shared)).await?,
-                None => shared.execute(inputs.partition, probe, Arc::clone(&inputs.context))?,
+                None => {
+                    (shared.execute(inputs.partition, probe, Arc::clone(&inputs.context))?, Arc::clone(shared.plan()))
+                }
             },
             CollectedBuild::OnCpuPartition { build, .. } => {
                 smaller_side::join_on_cpu(join, build, probe, inputs, None).await?
@@ -342,7 +344,7 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         };
         self.runner.finish_probe(inputs.mode);
         if let Some(handover) = self.handover.take() {
-            hand_over(batches, collected, inputs, handover, output).await?;
+            hand_over(DataFusionJoin { batches, plan }, collected, inputs, handover, output).await?;
         }
         Ok(PartitionState::Done)
     }

@@ -162,6 +162,11 @@ impl SlotJoin {
         Ok(Self { join, probe })
     }
 
+    /// DataFusion's join, for its metrics.
+    pub fn plan(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.join
+    }
+
     /// Partition `partition` of the join, joining `probe`.
     pub fn execute(
         &self,

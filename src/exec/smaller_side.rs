@@ -40,7 +40,7 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_plan::joins::PartitionMode;
-use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
@@ -107,13 +107,14 @@ pub(super) fn may_swap_sides(definition: &JoinDefinition, options: &GpuJoinConfi
 /// `build`, reading the partition's probe input from `probe`; the smaller
 /// side builds the hash table. Otherwise the partition runs `shared` where
 /// given (`CollectLeft`), or a plan of its own over its own build side.
+/// Also the plan that runs, for its metrics.
 pub(super) async fn join_on_cpu<B: JoinBackend>(
     join: &DeviceJoin<B>,
     build: &SwappableBuild,
     mut probe: BoxStream<'static, Result<RecordBatch>>,
     inputs: &PartitionInputs,
     shared: Option<&SlotJoin>,
-) -> Result<SendableRecordBatchStream> {
+) -> Result<(SendableRecordBatchStream, Arc<dyn ExecutionPlan>)> {
     let (partition, partitions) = (inputs.partition, inputs.right.output_partitioning().partition_count());
     let build_rows: usize = build.batches.iter().map(RecordBatch::num_rows).sum();
     let reservation =
@@ -135,13 +136,14 @@ pub(super) async fn join_on_cpu<B: JoinBackend>(
         // DataFusion's operator accounts them as its build side.
         drop(reservation);
         let streamed = in_slices(&build.batches, context.session_config().batch_size());
-        let plan = swapped_hash_join(&join.twin, &streamed, batches, partitions, partition)?;
-        return in_key_order(&join.definition, plan).execute(partition, context);
+        let plan =
+            in_key_order(&join.definition, swapped_hash_join(&join.twin, &streamed, batches, partitions, partition)?);
+        return Ok((plan.execute(partition, context)?, plan));
     }
     join.chosen.record_datafusion(&build.reason);
     let probe = handed_on_first(read.batches.into_iter().map(Ok).collect(), probe, reservation);
     if let Some(shared) = shared {
-        return shared.execute(partition, probe, context);
+        return Ok((shared.execute(partition, probe, context)?, Arc::clone(shared.plan())));
     }
     let own = concatenated_last_first(&inputs.left.schema(), build.batches.clone(), false)?;
     let own = SlotJoin::new(inputs.right.schema(), partitions, |probe| {
@@ -150,7 +152,7 @@ pub(super) async fn join_on_cpu<B: JoinBackend>(
             hash_join_over(&join.twin, &own, probe, PartitionMode::Partitioned, partition)?,
         ))
     })?;
-    own.execute(partition, probe, context)
+    Ok((own.execute(partition, probe, context)?, Arc::clone(own.plan())))
 }
 
 /// `batches` cut into slices of at most `rows` rows, without a copy: a
