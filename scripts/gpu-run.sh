@@ -18,7 +18,8 @@
 #   tpch-10           TPC-H SF 10 in memory against DataFusion, the session's defaults
 #   tpch-parquet-100  TPC-H SF 100 from Parquet against DataFusion and DuckDB, the
 #                     session's defaults, each session's CPU time by operator;
-#                     TPCH100_QUERIES (comma-separated) spreads the queries over calls
+#                     TPCH100_QUERIES (comma-separated) spreads the queries over calls;
+#                     TPCH100_SET (NAME=VALUE, gpu_join options) sets one for the GPU session
 #   cluster-10        TPC-H SF 10 from Parquet on clusters of WORKERS (default 2)
 #                     workers on this host, against the single-node GPU session
 #   tpcds             TPC-DS SF 1 against DataFusion, every join the GPU join takes on it
@@ -100,9 +101,10 @@ for name in $steps; do
         --min-rows 10000000 --min-build-rows 262144 ;;
     tpch-parquet-100) step tpch-parquet-100 ./bin/tpch --sf 100 --compare --iterations 1 \
         --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" --queries "${TPCH100_QUERIES:-$(seq -s, 1 22)}" \
-        --duckdb "$work/duckdb-queries.py" --breakdown --csv "$logs/tpch-parquet-100.csv" ;;
+        --duckdb "$work/duckdb-queries.py" --breakdown --csv "$logs/tpch-parquet-100.csv" \
+        ${TPCH100_SET:+--set "$TPCH100_SET"} ;;
     cluster-10) step cluster-10 ./bin/tpch --sf 10 --parquet "$parquet" --workers "${WORKERS:-2}" --compare \
-        --iterations 1 --csv "$logs/cluster-10.csv" ;;
+        --iterations 1 --breakdown --csv "$logs/cluster-10.csv" ;;
     tpcds) step tpcds ./bin/tpch --tpcds "$work/tpcds-queries" --sf 1 --compare \
         --queries "$(seq -s, 1 71),$(seq -s, 73 99)" ;;
     tpcds-10) step tpcds-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare --iterations 3 \
