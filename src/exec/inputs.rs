@@ -33,7 +33,7 @@ pub(crate) struct PartitionInputs {
 
 /// The dynamic filters of joins above that each input's rows go through
 /// ([`super::filters_from_above`]).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct InputReductions {
     pub build: Option<Arc<RowReduction>>,
     pub probe: Option<Arc<RowReduction>>,

@@ -35,7 +35,7 @@ mod staging;
 mod twin;
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinSide, JoinType, NullEquality, internal_err};
@@ -104,6 +104,9 @@ pub struct GpuJoinExec {
     probe_filter: Option<Arc<ProbeFilter>>,
     /// The dynamic filters of joins above that pass through this one.
     from_above: FiltersFromAbove,
+    /// What each input's rows go through, resolved by the first partition
+    /// to run and shared by all, which then wait for one predicate each.
+    reductions: OnceLock<InputReductions>,
     /// The join is the hash join DataFusion planned, its mode and inputs
     /// unchanged; see [`GpuJoinExec::reshaped`].
     as_planned: bool,
@@ -186,6 +189,7 @@ impl GpuJoinExec {
             ordered,
             probe_filter,
             from_above,
+            reductions: OnceLock::new(),
             as_planned: replaces == ReplacedOperator::HashJoin,
         })
     }
@@ -477,10 +481,10 @@ impl ExecutionPlan for GpuJoinExec {
         if let Some(filter) = &probe_filter {
             filter.feeding(applied_below(self.right(), filter.filter())?);
         }
-        let reductions = InputReductions {
+        let reductions = self.reductions.get_or_init(|| InputReductions {
             build: self.from_above.reduction(JoinSide::Left, self.left()),
             probe: self.from_above.reduction(JoinSide::Right, self.right()),
-        };
+        });
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,
             limits: JoinLimits::of(context.session_config()),
@@ -491,7 +495,7 @@ impl ExecutionPlan for GpuJoinExec {
             fetch: self.twin.fetch(),
             metrics: GpuJoinMetrics::new(&self.metrics, partition, self.device_of(partition)),
             probe_filter,
-            reductions,
+            reductions: reductions.clone(),
             as_planned: self.as_planned,
         })
     }

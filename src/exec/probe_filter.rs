@@ -87,12 +87,12 @@ struct Reports {
     /// The spans of the build sides reported so far, `None` while none had
     /// a row.
     ranges: Option<KeyRanges>,
-    /// The keys of the build sides reported so far, `None` once one had
-    /// too many to list.
+    /// The keys of the build sides reported so far, `None` once they are
+    /// more than [`MEMBERSHIP_MAX_KEYS`] rows or one had none listed.
     keys: Option<Vec<ArrayRef>>,
-    /// The keys of the build sides reported so far for the joins below,
-    /// `None` once they are more than [`MEMBERSHIP_MAX_KEYS`] rows.
-    members: Option<Vec<ArrayRef>>,
+    /// Every build side so far had few enough rows for the hash join to
+    /// list its keys in the filter.
+    listable: bool,
     /// A build side was lost before its spans were known: the filter stays
     /// as it is.
     lost: bool,
@@ -111,7 +111,7 @@ impl ProbeFilter {
             waiting: build_sides(twin),
             ranges: None,
             keys: Some(vec![]),
-            members: Some(vec![]),
+            listable: true,
             lost: false,
         });
         Ok(Self {
@@ -168,7 +168,7 @@ impl ProbeFilter {
     /// them anyway, and the join below does not wait for the build sides
     /// above, which would run one join's collection after another's.
     pub async fn worth_waiting_for(&self) -> bool {
-        if self.probe_keys.len() != 1 || self.null_keys.is_some() {
+        if !self.keys_may_be_listed() {
             return false;
         }
         let mut unlisted = self.unlisted.subscribe();
@@ -179,13 +179,19 @@ impl ProbeFilter {
         }
     }
 
+    /// Whether the build sides' keys can be listed for the joins below: one
+    /// key column, whose NULLs match nothing.
+    fn keys_may_be_listed(&self) -> bool {
+        self.probe_keys.len() == 1 && self.null_keys.is_none()
+    }
+
     /// Once complete: `key IN (…)` over every build side's keys, for the
     /// rows of a join below whose key, in that join's columns, is `key`
     /// (the filter's own key, remapped). `None` where the keys are more
     /// than one column or [`MEMBERSHIP_MAX_KEYS`] rows, where a NULL key
     /// can match, or where they are not known.
     pub fn members_of(&self, key: &[PhysicalExprRef], schema: &Schema) -> Option<PhysicalExprRef> {
-        let ([key], None) = (key, &self.null_keys) else {
+        let ([key], true) = (key, self.keys_may_be_listed()) else {
             return None;
         };
         let members = self.members.get()?.as_ref()?;
@@ -239,18 +245,12 @@ impl ProbeFilter {
             match report {
                 Some(BuildReport { ranges, keys }) => {
                     reports.ranges = KeyRanges::merge_known(reports.ranges.take(), ranges.cloned());
-                    reports.members = match (reports.members.take(), &keys) {
+                    reports.listable &= keys.as_ref().is_some_and(|keys| keys.listable);
+                    reports.keys = match (reports.keys.take(), keys) {
                         (Some(mut before), Some(keys))
                             if before.iter().chain(&keys.array).map(|k| k.len()).sum::<usize>()
                                 <= MEMBERSHIP_MAX_KEYS =>
                         {
-                            before.extend(keys.array.iter().cloned());
-                            Some(before)
-                        }
-                        _ => None,
-                    };
-                    reports.keys = match (reports.keys.take(), keys) {
-                        (Some(mut before), Some(keys)) if keys.listable => {
                             before.extend(keys.array);
                             Some(before)
                         }
@@ -260,22 +260,26 @@ impl ProbeFilter {
                 None => reports.lost = true,
             }
             reports.waiting = reports.waiting.saturating_sub(1);
-            (reports.waiting == 0).then(|| {
-                (!reports.lost).then(|| (reports.ranges.clone(), reports.keys.clone(), reports.members.take()))
-            })
+            (reports.waiting == 0)
+                .then(|| (!reports.lost).then(|| (reports.ranges.clone(), reports.keys.take(), reports.listable)))
         };
         let Some(known) = finished else {
             return;
         };
-        let (known, members) = match known {
-            Some((ranges, keys, members)) => (Some((ranges, keys)), members),
-            None => (None, None),
+        let (ranges, keys, listable) = match known {
+            Some(known) => known,
+            None => {
+                let _ = self.members.set(None);
+                return self.filter.mark_complete();
+            }
         };
         // No piece: no build row, which the spans already rule out.
-        let members = members.and_then(|pieces| concat(&pieces.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).ok());
+        let keys = keys.and_then(|pieces| concat(&pieces.iter().map(|piece| piece.as_ref()).collect::<Vec<_>>()).ok());
+        let listed = keys.as_ref().filter(|_| listable);
         // Set before the filter completes: the joins below read it once it has.
-        let _ = self.members.set(members);
-        if let Some(predicate) = known.and_then(|(ranges, keys)| self.predicate(ranges.as_ref(), keys.as_deref()))
+        let predicate = self.predicate(ranges.as_ref(), listed);
+        let _ = self.members.set(keys);
+        if let Some(predicate) = predicate
             && let Err(e) = self.filter.update(predicate)
         {
             log::warn!("gpu_join: the probe side's dynamic filter was left as it was: {e}");
@@ -286,7 +290,7 @@ impl ProbeFilter {
     /// The probe rows the build sides, of these spans and with these keys
     /// where listed, can match: `None` when neither bounds a key. No build
     /// row at all matches nothing.
-    fn predicate(&self, ranges: Option<&KeyRanges>, keys: Option<&[ArrayRef]>) -> Option<PhysicalExprRef> {
+    fn predicate(&self, ranges: Option<&KeyRanges>, keys: Option<&ArrayRef>) -> Option<PhysicalExprRef> {
         let Some(ranges) = ranges else {
             return Some(lit(false));
         };
@@ -312,14 +316,12 @@ impl ProbeFilter {
     /// `key IN (…)` over the build sides' keys: only for one key column
     /// (the hash join lists several as structs, which this does not), and
     /// not where the probe key's type differs from the list's.
-    fn key_list(&self, keys: &[ArrayRef]) -> Option<PhysicalExprRef> {
+    fn key_list(&self, keys: &ArrayRef) -> Option<PhysicalExprRef> {
         let [probe_key] = self.probe_keys.as_slice() else {
             return None;
         };
-        let pieces: Vec<&dyn Array> = keys.iter().map(|k| k.as_ref()).collect();
-        // No piece: no build row, which the spans already rule out.
-        let listed = concat(&pieces).ok()?;
-        let list = InListExpr::try_new_from_array(Arc::clone(probe_key), listed, false, &self.probe_schema).ok()?;
+        let list =
+            InListExpr::try_new_from_array(Arc::clone(probe_key), Arc::clone(keys), false, &self.probe_schema).ok()?;
         Some(Arc::new(list))
     }
 }
