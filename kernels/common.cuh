@@ -61,6 +61,12 @@ __device__ __forceinline__ u32 digit_of(K key, u32 partition_bits, u32 shift, u3
     return (u32)(source >> shift) & digit_mask;
 }
 
+// A row's position in its relation as given: through `row_ids` where the
+// relation was reordered, else its own.
+__device__ __forceinline__ u32 output_position(u32 position, const u32* row_ids) {
+    return row_ids ? row_ids[position] : position;
+}
+
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
 __device__ __forceinline__ u32 lanes_below() { return (1u << lane_id()) - 1u; }

@@ -62,7 +62,7 @@ __device__ void directory_mark_build(const K* keys, u64 n, u32 codes, const u8* 
     const u64 i = (u64)blockIdx.x * BLOCK + threadIdx.x;
     if (i >= n) return;
     const K key = keys[i];
-    if (key < (K)codes && seen[(u32)key]) build_flags[row_ids ? row_ids[i] : (u32)i] = 1;
+    if (key < (K)codes && seen[(u32)key]) build_flags[output_position((u32)i, row_ids)] = 1;
 }
 
 #define DIRECTORY_KERNELS(K)                                                                                   \

@@ -116,10 +116,6 @@ extern "C" __global__ void plan_units(const u64* piece_offsets, const u32* probe
     }
 }
 
-__device__ __forceinline__ u32 output_position(u32 position, const u32* row_ids) {
-    return row_ids ? row_ids[position] : position;
-}
-
 // Linear-probing hash table, in shared or global memory. A 4-byte key and
 // its build position share one 8-byte entry, so a probe step is one load;
 // 8-byte keys keep their positions in a second array. The unmatchable key
@@ -627,6 +623,8 @@ __device__ void hash_mark(const Piece* pieces, const u64* tables, const K* build
             }
             matched = true;
             build_flags[output_position(build, build_row_ids)] = 1;
+            // Without repeated keys the piece holds no other row to flag.
+            if (!repeated) break;
         }
         if (matched && probe_flags != nullptr) probe_flags[output_position(probe, probe_row_ids)] = 1;
     }

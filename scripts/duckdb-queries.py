@@ -8,9 +8,10 @@ FOLDER holds one folder of `part-NNN.parquet` files per table, as the job's
 DuckDB reads the files DataFusion reads, on the same host. The job starts
 this script once and sends it one JSON line per query on standard input:
 
-    {"statements": ["select ...", ...], "iterations": 3}
+    {"statements": ["select ...", ...], "warmups": 1, "iterations": 3}
 
-It runs the statements once as a warm-up and then `iterations` times, and
+It runs the statements `warmups` times (once where not given) untimed and
+then `iterations` times, and
 answers one JSON line: the median time in milliseconds of a run (all its
 statements), and the rows of the statements that return rows, or the
 error DuckDB gave. DuckDB runs the statements as the job gives them, the
@@ -65,7 +66,8 @@ def main():
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            rows = run(connection, request["statements"])
+            for _ in range(request.get("warmups", 1)):
+                rows = run(connection, request["statements"])
             times = []
             for _ in range(max(1, request.get("iterations", 1))):
                 start = time.perf_counter()

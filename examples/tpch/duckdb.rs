@@ -44,9 +44,10 @@ impl DuckDb {
         Ok(duckdb)
     }
 
-    /// Runs `statements` once as a warm-up and `iterations` times timed.
-    pub fn run(&mut self, statements: &[String], iterations: usize) -> Result<DuckDbRun> {
-        let request = json!({ "statements": statements, "iterations": iterations });
+    /// Runs `statements` `warmups` times untimed, then `iterations` times
+    /// timed.
+    pub fn run(&mut self, statements: &[String], warmups: usize, iterations: usize) -> Result<DuckDbRun> {
+        let request = json!({ "statements": statements, "warmups": warmups, "iterations": iterations });
         writeln!(self.requests, "{request}")
             .and_then(|()| self.requests.flush())
             .map_err(|e| exec_datafusion_err!("--duckdb: the script stopped reading: {e}"))?;

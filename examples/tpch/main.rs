@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
-//!     [--queries 1,3,5] [--iterations 3] [--partitions 16] [--min-rows N] [--min-build-rows N]
+//!     [--queries 1,3,5] [--iterations 3] [--warmups 1] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
 //!     [--placements] [--pinned] [--workers N] [--duckdb SCRIPT] [--csv FILE] [--breakdown]
 //!     [--set NAME=VALUE ...]
@@ -27,6 +27,10 @@
 //! holding them in memory. `--pinned` keeps the tables held in memory in
 //! pinned memory (`gpu_join_pin_batches`), which the GPU join reads where
 //! they lie; both sessions read the same pinned tables.
+//!
+//! Each session runs each query `--warmups` times (1 by default) before its
+//! `--iterations` timed runs; `--warmups 0` times the first runs, for a
+//! single pass over a workload too long to run twice.
 //!
 //! `--backend auto` (the default) uses CUDA when a device is usable and the
 //! CPU reference backend otherwise. `--min-rows` is `gpu_join.min_rows` and
@@ -63,7 +67,7 @@
 //! `--duckdb SCRIPT` (with `--parquet`) also runs each query on DuckDB, over
 //! the same files on the same host: `SCRIPT` is `scripts/duckdb-queries.py`,
 //! started once with the interpreter `PYTHON` names (`python3` without it),
-//! which times the same statements, a warm-up and then `--iterations` runs,
+//! which times the same statements, `--warmups` and then `--iterations` runs,
 //! as the sessions are timed, query by query between theirs. DuckDB's rows
 //! are counted, not compared. `--csv FILE` writes each query's figures to
 //! `FILE` as well.
@@ -111,6 +115,8 @@ struct Args {
     backend: BackendChoice,
     queries: Vec<usize>,
     iterations: usize,
+    /// Untimed runs of each query before the timed ones.
+    warmups: usize,
     partitions: usize,
     min_rows: usize,
     min_build_rows: usize,
@@ -143,6 +149,7 @@ fn parse_args() -> Result<Args> {
         backend: BackendChoice::Auto,
         queries: vec![],
         iterations: 1,
+        warmups: 1,
         partitions: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         min_rows: 0,
         min_build_rows: 0,
@@ -178,6 +185,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_>>()?
             }
             "--iterations" => args.iterations = value()?.parse().map_err(|_| bad("--iterations"))?,
+            "--warmups" => args.warmups = value()?.parse().map_err(|_| bad("--warmups"))?,
             "--partitions" => args.partitions = value()?.parse().map_err(|_| bad("--partitions"))?,
             "--min-rows" => args.min_rows = value()?.parse().map_err(|_| bad("--min-rows"))?,
             "--min-build-rows" => args.min_build_rows = value()?.parse().map_err(|_| bad("--min-build-rows"))?,
@@ -200,6 +208,11 @@ fn parse_args() -> Result<Args> {
             }
             other => return Err(bad(other)),
         }
+    }
+    if args.iterations == 0 {
+        return Err(DataFusionError::Configuration(
+            "--iterations must be at least 1: it is the number of timed runs".to_string(),
+        ));
     }
     if args.pinned && args.parquet.is_some() {
         return Err(DataFusionError::Configuration(
@@ -321,42 +334,36 @@ struct Timing {
     operators: Vec<(String, Duration)>,
 }
 
-/// Each session's timing of `iterations` runs after one warm-up run. The
-/// sessions take turns run by run, each going first every other time, so
-/// that neither gains from running after the other (warmer caches, files,
-/// allocator).
+/// Each session's timing of `iterations` runs after `warmups` untimed
+/// ones. The sessions take turns run by run, each going first every other
+/// time, so that neither gains from running after the other (warmer caches,
+/// files, allocator).
 async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: &Report) -> Result<Vec<Timing>> {
-    let mut results = vec![];
-    for ctx in sessions {
-        results.push(args.run_timed(ctx, query).await?);
-        report.ran();
-    }
-    let mut times = vec![vec![]; sessions.len()];
-    let mut plannings = vec![vec![]; sessions.len()];
-    for iteration in 0..args.iterations {
-        let mut turns: Vec<_> = sessions.iter().zip(&mut results).zip(times.iter_mut().zip(&mut plannings)).collect();
-        if iteration % 2 == 1 {
-            turns.reverse();
-        }
-        for ((ctx, result), (times, plannings)) in turns {
-            let run = args.run_timed(ctx, query).await?;
-            times.push(run.elapsed);
-            plannings.push(run.planning);
-            *result = run;
+    for _ in 0..args.warmups {
+        for ctx in sessions {
+            args.run_timed(ctx, query).await?;
             report.ran();
         }
     }
-    Ok(times
-        .into_iter()
-        .zip(plannings)
-        .zip(results)
-        .map(|((times, plannings), run)| Timing {
-            time: median(times),
-            planning: median(plannings),
-            rows: run.rows,
-            operators: run.operators,
+    let mut runs: Vec<Vec<workloads::Run>> = sessions.iter().map(|_| vec![]).collect();
+    for iteration in 0..args.iterations {
+        let mut turns: Vec<_> = sessions.iter().zip(&mut runs).collect();
+        if iteration % 2 == 1 {
+            turns.reverse();
+        }
+        for (ctx, runs) in turns {
+            runs.push(args.run_timed(ctx, query).await?);
+            report.ran();
+        }
+    }
+    runs.into_iter()
+        .map(|runs| {
+            let times = runs.iter().map(|run| run.elapsed).collect();
+            let plannings = runs.iter().map(|run| run.planning).collect();
+            let last = runs.into_iter().last().ok_or_else(|| DataFusionError::Internal("no timed run".into()))?;
+            Ok(Timing { time: median(times), planning: median(plannings), rows: last.rows, operators: last.operators })
         })
-        .collect())
+        .collect()
 }
 
 /// The operators that took at least 1% of a run's CPU time, the largest
@@ -488,13 +495,14 @@ async fn main() -> Result<()> {
         }
     };
     println!(
-        "{} SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after a warm-up{}",
+        "{} SF {} {source}, made in {:.1} s; backend {}, {} partitions, median of {} runs after {} warm-up runs{}",
         if args.tpcds.is_some() { "TPC-DS" } else { "TPC-H" },
         args.scale_factor,
         start.elapsed().as_secs_f64(),
         args.backend,
         args.partitions,
         args.iterations,
+        args.warmups,
         match args.workers {
             0 => String::new(),
             n => format!("; each session a cluster of {n} workers on this host"),
@@ -510,7 +518,7 @@ async fn main() -> Result<()> {
     let sessions_per_query = 1 + usize::from(args.compare) + usize::from(single_node.is_some());
     let runs = match args.placements {
         true => 0,
-        false => args.queries.len() * sessions_per_query * (args.iterations + 1),
+        false => args.queries.len() * sessions_per_query * (args.warmups + args.iterations),
     };
     let mut report = Report::new(runs, args.csv.as_deref())?;
     let mut failures = vec![];
@@ -577,7 +585,7 @@ async fn main() -> Result<()> {
             figures.same_rows &= same;
         }
         if let Some(duckdb) = &mut duckdb {
-            let run = duckdb.run(&args.statements(query)?, args.iterations)?;
+            let run = duckdb.run(&args.statements(query)?, args.warmups, args.iterations)?;
             match &run {
                 Ok((time, rows)) => {
                     line.push_str(&format!(" | DuckDB {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3))
@@ -587,7 +595,7 @@ async fn main() -> Result<()> {
             figures.duckdb = Some(run);
         }
         if let (Some(workers), Some((gpu_before, datafusion_before))) = (&workers, joins_before) {
-            let runs = args.iterations + 1;
+            let runs = args.warmups + args.iterations;
             figures.joins_on_gpu = (workers.joins().on_gpu() - gpu_before) / runs;
             figures.joins_on_datafusion = (workers.joins().on_datafusion() - datafusion_before) / runs;
             line.push_str(&format!(

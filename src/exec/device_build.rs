@@ -29,14 +29,14 @@ use crate::backend::JoinBackend;
 /// A build side prepared on the device, shared by the probe chunks that
 /// join it.
 pub(crate) struct DeviceBuild<B: JoinBackend> {
-    side: Arc<BuildSide<B>>,
+    side: BuildSide<B>,
     /// DataFusion's join over the build side's host copy.
     on_cpu: OnceCell<SlotJoin>,
 }
 
 impl<B: JoinBackend> DeviceBuild<B> {
     pub fn new(side: BuildSide<B>) -> Self {
-        Self { side: Arc::new(side), on_cpu: OnceCell::new() }
+        Self { side, on_cpu: OnceCell::new() }
     }
 
     /// The output rows of `piece`, probe rows of partition `partition` of
@@ -45,7 +45,7 @@ impl<B: JoinBackend> DeviceBuild<B> {
     /// with it the hash table it builds) are made on the first call, counted
     /// in `tables`, and kept.
     pub async fn join_on_cpu(
-        &self,
+        self: &Arc<Self>,
         twin: &HashJoinExec,
         (partitions, partition): (usize, usize),
         piece: RecordBatch,
@@ -56,9 +56,9 @@ impl<B: JoinBackend> DeviceBuild<B> {
             .on_cpu
             .get_or_try_init(|| async {
                 tables.add(1);
-                let side = Arc::clone(&self.side);
+                let build = Arc::clone(self);
                 let batch =
-                    run_blocking("assembling the build side for DataFusion's operator", move || side.whole_batch())
+                    run_blocking("assembling the build side for DataFusion's operator", move || build.whole_batch())
                         .await?;
                 SlotJoin::new(twin.right().schema(), partitions, |probe| {
                     hash_join_over(twin, &[batch], probe, PartitionMode::CollectLeft, 0)

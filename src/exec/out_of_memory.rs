@@ -126,7 +126,7 @@ fn pieces_by_pairs(piece: &RecordBatch, too_many: TooManyPairs) -> Vec<RecordBat
 /// emitted at the end, no NOT IN).
 async fn join_on_cpu<B: JoinBackend>(
     probing: &Probing<'_, B>,
-    build: &DeviceBuild<B>,
+    build: &Arc<DeviceBuild<B>>,
     piece: RecordBatch,
     error: DataFusionError,
 ) -> Result<Vec<RecordBatch>> {
