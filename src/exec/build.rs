@@ -31,6 +31,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::PartitionMode;
+use datafusion::physical_plan::metrics::Time;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
@@ -281,8 +282,13 @@ impl KeyReading {
 /// The collected build side less the rows that the filters of joins above
 /// drop, its keys and their spans read again where any was; and how many
 /// were.
-async fn reduced(reduction: &RowReduction, collected: Collected, reading: &KeyReading) -> Result<(Collected, usize)> {
-    let (batches, dropped) = reduction.reduce(collected.batches).await?;
+async fn reduced(
+    reduction: &RowReduction,
+    collected: Collected,
+    reading: &KeyReading,
+    compute: &Time,
+) -> Result<(Collected, usize)> {
+    let (batches, dropped) = reduction.reduce(collected.batches, compute).await?;
     if dropped == 0 {
         return Ok((Collected { batches, ..collected }, 0));
     }
@@ -386,7 +392,8 @@ impl<B: JoinBackend> DeviceJoin<B> {
             collect_input(&inputs.left, partition, &inputs.context, &reservation, &reading, rows_in).await?;
         if let Some(reduction) = &inputs.reductions.build {
             let dropped;
-            (collected, dropped) = reduced(reduction, collected, &reading).await?;
+            let compute = inputs.metrics.baseline.elapsed_compute();
+            (collected, dropped) = reduced(reduction, collected, &reading, compute).await?;
             if dropped > 0 {
                 inputs.metrics.rows_filtered_from_above.add(dropped);
                 reservation.try_resize(collected.batches.iter().map(RecordBatch::get_array_memory_size).sum())?;

@@ -15,6 +15,13 @@
 //! orders` from 150 million orders to 6,400, and the `⋈ lineitem` above it
 //! from 600 million output rows to 44,800.
 //!
+//! A filter that drops fewer than a quarter of the first [`SAMPLE_ROWS`]
+//! rows that the join's partitions read from an input is no longer applied
+//! to that input ([`Sample`]): its cost, a key looked up in a set for every
+//! row, then buys little. In TPC-H Q8 at SF 100 the list of a million
+//! suppliers above matched every one of `lineitem`'s 600 million rows, and
+//! checking them made the query a fifth slower than without the filters.
+//!
 //! It waits only while such a list of keys may come of the filter
 //! ([`ProbeFilter::worth_waiting_for`]): waiting for a build side of
 //! millions of rows, whose spans alone cut little, ran each join's
@@ -25,7 +32,8 @@
 //! left to the scans: a `TopK`'s completes only once its input, which holds
 //! this join, ends.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::RecordBatch;
 use arrow::compute::filter_record_batch;
@@ -39,7 +47,7 @@ use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter_pushdown::{ChildFilterPushdownResult, FilterPushdownPhase, PushedDown};
 use datafusion::physical_plan::joins::HashJoinExec;
-use datafusion::physical_plan::metrics::Count;
+use datafusion::physical_plan::metrics::{Count, Time};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
@@ -128,7 +136,10 @@ impl FiltersFromAbove {
             .filter(|(routed, _)| *routed == side)
             .filter_map(|(_, filter)| ProbeFilter::fed(filter).map(|source| (Arc::clone(filter), source)))
             .collect();
-        (!fed.is_empty()).then(|| Arc::new(RowReduction { fed, schema: input.schema(), predicate: OnceCell::new() }))
+        (!fed.is_empty()).then(|| {
+            let (schema, predicate, sample) = (input.schema(), OnceCell::new(), Sample::default());
+            Arc::new(RowReduction { fed, schema, predicate, sample })
+        })
     }
 }
 
@@ -140,6 +151,47 @@ pub(crate) struct RowReduction {
     schema: SchemaRef,
     /// The filters as complete, and the build sides' keys they check.
     predicate: OnceCell<Option<PhysicalExprRef>>,
+    /// How much the predicate drops of the first rows, over every partition.
+    sample: Sample,
+}
+
+/// Rows read from an input before the reduction judges whether it pays.
+pub(crate) const SAMPLE_ROWS: usize = 1 << 20;
+
+/// Whether a reduction drops enough of the rows it reads to go on: at
+/// least one in [`LEAST_DROPPED_SHARE`] of the first [`SAMPLE_ROWS`].
+#[derive(Debug, Default)]
+pub(crate) struct Sample {
+    read: AtomicUsize,
+    dropped: AtomicUsize,
+    /// Set once the sample is read: whether the reduction goes on.
+    verdict: OnceLock<bool>,
+}
+
+/// One in this many sampled rows must be dropped for a reduction to go on.
+const LEAST_DROPPED_SHARE: usize = 4;
+
+impl Sample {
+    /// Whether rows are still worth checking: until the sample is read, and
+    /// after it where it showed the reduction pays.
+    pub fn applies(&self) -> bool {
+        self.verdict.get().copied().unwrap_or(true)
+    }
+
+    /// Counts `read` rows checked, of which `dropped` did not pass.
+    pub fn record(&self, read: usize, dropped: usize) {
+        if self.verdict.get().is_some() {
+            return;
+        }
+        let total = self.read.fetch_add(read, Ordering::Relaxed) + read;
+        let dropped = self.dropped.fetch_add(dropped, Ordering::Relaxed) + dropped;
+        if total >= SAMPLE_ROWS {
+            let pays = dropped.saturating_mul(LEAST_DROPPED_SHARE) >= total;
+            if self.verdict.set(pays).is_ok() && !pays {
+                log::debug!("gpu_join: filters from above dropped {dropped} of {total} rows; no longer applied");
+            }
+        }
+    }
 }
 
 impl RowReduction {
@@ -167,36 +219,47 @@ impl RowReduction {
             .cloned()
     }
 
-    /// `batches` with only the rows that pass, and how many did not.
-    pub async fn reduce(&self, batches: Vec<RecordBatch>) -> Result<(Vec<RecordBatch>, usize)> {
+    /// `batches` with only the rows that pass, and how many did not; the
+    /// time spent checking them counted in `compute`.
+    pub async fn reduce(&self, batches: Vec<RecordBatch>, compute: &Time) -> Result<(Vec<RecordBatch>, usize)> {
         let Some(predicate) = self.predicate().await? else {
             return Ok((batches, 0));
         };
+        let _compute = compute.timer();
         let mut dropped = 0;
         let mut kept = Vec::with_capacity(batches.len());
         for batch in batches {
-            let passed = passing(&predicate, &batch)?;
-            dropped += batch.num_rows() - passed.num_rows();
+            let (passed, not_passed) = self.passing(&predicate, batch)?;
+            dropped += not_passed;
             if passed.num_rows() > 0 {
                 kept.push(passed);
             }
         }
         Ok((kept, dropped))
     }
-}
 
-/// `batch`'s rows that pass `predicate`.
-fn passing(predicate: &PhysicalExprRef, batch: &RecordBatch) -> Result<RecordBatch> {
-    let passes = predicate.evaluate(batch)?.into_array(batch.num_rows())?;
-    Ok(filter_record_batch(batch, as_boolean_array(&passes)?)?)
+    /// `batch`'s rows that pass `predicate`, and how many did not; all of
+    /// them once the sample shows that checking does not pay.
+    fn passing(&self, predicate: &PhysicalExprRef, batch: RecordBatch) -> Result<(RecordBatch, usize)> {
+        if !self.sample.applies() {
+            return Ok((batch, 0));
+        }
+        let passes = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
+        let passed = filter_record_batch(&batch, as_boolean_array(&passes)?)?;
+        let dropped = batch.num_rows() - passed.num_rows();
+        self.sample.record(batch.num_rows(), dropped);
+        Ok((passed, dropped))
+    }
 }
 
 /// `input` with only the rows that pass `reduction`, read once its filters
-/// are complete; the others counted in `dropped`.
+/// are complete; the others counted in `dropped`, the time checking them in
+/// `compute`.
 pub(crate) fn reduced<'a>(
     input: BoxStream<'a, Result<RecordBatch>>,
     reduction: Option<Arc<RowReduction>>,
     dropped: Count,
+    compute: Time,
 ) -> BoxStream<'a, Result<RecordBatch>> {
     let Some(reduction) = reduction else {
         return input;
@@ -205,8 +268,9 @@ pub(crate) fn reduced<'a>(
         let predicate = reduction.predicate().await?;
         let batches = input.map(move |batch| match (&predicate, batch) {
             (Some(predicate), Ok(batch)) => {
-                let passed = passing(predicate, &batch)?;
-                dropped.add(batch.num_rows() - passed.num_rows());
+                let _compute = compute.timer();
+                let (passed, not_passed) = reduction.passing(predicate, batch)?;
+                dropped.add(not_passed);
                 Ok(passed)
             }
             (_, batch) => batch,
@@ -214,4 +278,29 @@ pub(crate) fn reduced<'a>(
         Ok::<_, DataFusionError>(batches.try_filter(|batch| futures::future::ready(batch.num_rows() > 0)))
     };
     futures::stream::once(filtered).try_flatten().boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reduction_that_drops_too_few_of_its_first_rows_stops() {
+        let sample = Sample::default();
+        sample.record(SAMPLE_ROWS / 2, SAMPLE_ROWS / 16);
+        assert!(sample.applies(), "judged before the sample was read");
+        sample.record(SAMPLE_ROWS / 2, 0);
+        assert!(!sample.applies(), "1 in 16 rows dropped is too few");
+        sample.record(SAMPLE_ROWS, SAMPLE_ROWS);
+        assert!(!sample.applies(), "the verdict is kept");
+    }
+
+    #[test]
+    fn a_reduction_that_drops_enough_goes_on() {
+        let sample = Sample::default();
+        sample.record(SAMPLE_ROWS, SAMPLE_ROWS / LEAST_DROPPED_SHARE);
+        assert!(sample.applies());
+        sample.record(SAMPLE_ROWS * 8, 0);
+        assert!(sample.applies(), "the verdict is kept");
+    }
 }

@@ -400,5 +400,6 @@ fn probe_input(inputs: &PartitionInputs) -> Result<ProbeInput> {
     let rows = inputs.metrics.probe_rows.clone();
     let read = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?.boxed();
     let (reduction, dropped) = (inputs.reductions.probe.clone(), inputs.metrics.rows_filtered_from_above.clone());
-    Ok(reduced(read, reduction, dropped).inspect_ok(move |batch| rows.add(batch.num_rows())).boxed())
+    let compute = inputs.metrics.baseline.elapsed_compute().clone();
+    Ok(reduced(read, reduction, dropped, compute).inspect_ok(move |batch| rows.add(batch.num_rows())).boxed())
 }
