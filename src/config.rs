@@ -306,9 +306,12 @@ extensions_options! {
         /// ordinals such as `0,1` (one named twice is used twice). Partition
         /// `p` of a `Partitioned` join runs on the `p mod n`-th device, with
         /// its own build side, and over several devices such a join keeps
-        /// its partitions (`collect_build_side` applies to one device); a
-        /// `CollectLeft` join, whose one build side serves every probe
-        /// partition, runs on the first. On the CPU backend each listed
+        /// its partitions (`collect_build_side` applies to one device). So
+        /// does probe partition `p` of a `CollectLeft` join, its one build
+        /// side collected once and placed on each device, unless the join
+        /// keeps flags of its matched build rows (left, full, left semi,
+        /// left anti and left mark joins), or is a NOT IN or in key order:
+        /// that one runs on the first. On the CPU backend each listed
         /// device is an instance of its own, all under the CPU's one
         /// admission queue (`all` is one).
         pub devices: DeviceList, default = DeviceList::One
@@ -365,9 +368,11 @@ extensions_options! {
         /// join below waits until the one above has its build sides in, as
         /// long as they are one key column of at most 2^20 rows, then drops
         /// the rows whose key none of them holds (and those outside their
-        /// spans) before it joins them. Off, the filter only reaches the
-        /// scans, which skip row groups with it. EXPLAIN shows
-        /// `filters_from_above=[…]` on the joins below.
+        /// spans) before it joins them; where they drop fewer than a quarter
+        /// of the first 2^20 rows of an input, it stops checking that
+        /// input's rows. Off, the filter only reaches the scans, which skip
+        /// row groups with it. EXPLAIN shows `filters_from_above=[…]` on the
+        /// joins below.
         pub filters_from_above: bool, default = false
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the

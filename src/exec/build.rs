@@ -16,8 +16,9 @@
 //! that turns out the smaller side builds that table instead
 //! ([`super::smaller_side`]).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::datatypes::{Schema, SchemaRef};
@@ -62,21 +63,21 @@ use crate::testing::InjectedAllocationFailures;
 /// What a build side became once placed.
 pub(crate) enum CollectedBuild<B: JoinBackend> {
     /// Prepared on the device in one piece.
-    Whole { side: Arc<DeviceBuild<B>>, _reservation: MemoryReservation },
+    Whole { side: Arc<DeviceBuild<B>>, _reservation: Arc<MemoryReservation> },
     /// Split into passes, each prepared when partitions need it.
-    Passes { passes: Arc<BuildPasses<B>>, _reservation: MemoryReservation },
+    Passes { passes: Arc<BuildPasses<B>>, _reservation: Arc<MemoryReservation> },
     /// Too small for the device to win, or too large for it in a join that
     /// cannot be split: DataFusion's operator joins each probe partition
     /// with the build side's host copy, reading the probe partition from
     /// `probe`.
     /// `swappable` where a probe partition smaller than the build side may
     /// build the hash table instead ([`super::smaller_side`]).
-    OnCpu { join: SlotJoin, swappable: Option<SwappableBuild>, _reservation: MemoryReservation },
+    OnCpu { join: SlotJoin, swappable: Option<SwappableBuild>, _reservation: Arc<MemoryReservation> },
     /// A partition's own build side (`Partitioned` mode) too small for the
     /// device to win, as collected: DataFusion's operator joins it with the
     /// partition's probe rows, the smaller side building the hash table
     /// ([`super::smaller_side`]).
-    OnCpuPartition { build: SwappableBuild, _reservation: MemoryReservation },
+    OnCpuPartition { build: SwappableBuild, _reservation: Arc<MemoryReservation> },
 }
 
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
@@ -137,7 +138,8 @@ struct CollectedInput<B: JoinBackend> {
     passes: usize,
     /// Why DataFusion's operator joins it whatever the device could do.
     left_to_datafusion: Option<String>,
-    reservation: MemoryReservation,
+    /// Its host memory's, shared by every device that places it.
+    reservation: Arc<MemoryReservation>,
     /// The probe input, for DataFusion's operator.
     right: Arc<dyn ExecutionPlan>,
     mode: PartitionMode,
@@ -354,10 +356,59 @@ struct Collected {
     ranges: Option<KeyRanges>,
 }
 
+/// A build side collected into host memory, before it is placed.
+#[derive(Clone)]
+pub(crate) struct HostBuild {
+    batches: Vec<RecordBatch>,
+    /// Its keys evaluated on each batch, where they were as it was collected.
+    keys: Option<CollectedKeys>,
+    /// The spans of its keys; `None` when it has no batch.
+    ranges: Option<KeyRanges>,
+    rows: usize,
+    reservation: Arc<MemoryReservation>,
+}
+
+/// The host collection of a `CollectLeft` build side that the devices a
+/// join spreads over share ([`super::spread`]): collected once, by the
+/// first partition that asks, then taken by each device to place on itself.
+/// The last device to take it takes its batches alone, so that they are
+/// freed with that device's build side, not with the join.
+pub(crate) struct SharedCollection {
+    host: tokio::sync::OnceCell<std::result::Result<Mutex<Option<HostBuild>>, Arc<DataFusionError>>>,
+    /// Devices that are still to take it.
+    takers: AtomicUsize,
+}
+
+impl SharedCollection {
+    pub fn new(devices: usize) -> Self {
+        Self { host: tokio::sync::OnceCell::new(), takers: AtomicUsize::new(devices) }
+    }
+
+    /// The collected build side, collected by `collect` if no device has
+    /// asked before.
+    async fn take(&self, collect: impl Future<Output = Result<HostBuild>>) -> Result<HostBuild> {
+        let held = self
+            .host
+            .get_or_init(|| async { collect.await.map(|host| Mutex::new(Some(host))).map_err(Arc::new) })
+            .await;
+        let held = held.as_ref().map_err(|e| DataFusionError::Shared(Arc::clone(e)))?;
+        let mut held =
+            held.lock().map_err(|_| DataFusionError::Internal("GPU join: shared build side lock poisoned".into()))?;
+        let taken = match self.takers.fetch_sub(1, Ordering::AcqRel) {
+            1 => held.take(),
+            _ => held.clone(),
+        };
+        taken.ok_or_else(|| {
+            DataFusionError::Internal("GPU join: a shared build side was taken by more devices than it serves".into())
+        })
+    }
+}
+
 impl<B: JoinBackend> DeviceJoin<B> {
     /// Collects partition `partition` of the build input (`inputs.left`),
-    /// counting its rows in `rows_in` as they come, and starts placing it;
-    /// returns once its rows are in.
+    /// counting its rows in `rows_in` as they come, or takes it from the
+    /// devices' shared collection, and starts placing it; returns once its
+    /// rows are in.
     pub async fn collect_build(
         self: &Arc<Self>,
         inputs: &PartitionInputs,
@@ -365,11 +416,23 @@ impl<B: JoinBackend> DeviceJoin<B> {
         partition: usize,
         rows_in: Arc<AtomicUsize>,
     ) -> Result<PendingBuild<B>> {
+        let host = match &inputs.shared_build {
+            Some(shared) => shared.take(self.collect_host(inputs, partition, rows_in)).await?,
+            None => self.collect_host(inputs, partition, rows_in).await?,
+        };
+        self.start_placing(host, inputs, options, partition)
+    }
+
+    /// Partition `partition` of the build input in host memory, less the
+    /// rows the filters of joins above drop, its spans sent to the join's
+    /// dynamic filter.
+    async fn collect_host(
+        &self,
+        inputs: &PartitionInputs,
+        partition: usize,
+        rows_in: Arc<AtomicUsize>,
+    ) -> Result<HostBuild> {
         let timer = inputs.metrics.build_collect_time.timer();
-        let counters = Arc::new(DeviceCounters::default());
-        let faults = InjectedAllocationFailures::of(inputs.context.session_config());
-        counters.inject_allocation_failures(faults.build_spared, faults.build);
-        let backend = self.open_backend(Arc::clone(&counters))?;
         let reservation =
             MemoryConsumer::new(format!("GpuJoinBuild[{partition}]")).register(inputs.context.memory_pool());
         let reservation = Arc::new(reservation);
@@ -404,12 +467,26 @@ impl<B: JoinBackend> DeviceJoin<B> {
             let options = &inputs.context.session_config().options().optimizer;
             report.send(ranges.as_ref(), &batches, &self.definition.build_keys, options);
         }
-        let reservation = Arc::into_inner(reservation)
-            .ok_or_else(|| DataFusionError::Internal("GPU join: a build input task outlived its collection".into()))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
         inputs.metrics.build_rows.add(rows);
         timer.done();
+        Ok(HostBuild { batches, keys: keep.then_some(keys), ranges, rows, reservation })
+    }
 
+    /// Starts placing a collected build side on the device (or in passes,
+    /// or with DataFusion's operator) on a task of its own.
+    fn start_placing(
+        self: &Arc<Self>,
+        host: HostBuild,
+        inputs: &PartitionInputs,
+        options: &GpuJoinConfig,
+        partition: usize,
+    ) -> Result<PendingBuild<B>> {
+        let counters = Arc::new(DeviceCounters::default());
+        let faults = InjectedAllocationFailures::of(inputs.context.session_config());
+        counters.inject_allocation_failures(faults.build_spared, faults.build);
+        let backend = self.open_backend(Arc::clone(&counters))?;
+        let HostBuild { batches, keys, ranges, rows, reservation } = host;
         let schema = inputs.left.schema();
         let bytes = transform_bytes(&self.definition, &schema, rows);
         let pass_bytes = backend.memory_budget().map(|budget| budget / 4);
@@ -423,7 +500,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             options: options.clone(),
             schema,
             batches,
-            keys: keep.then_some(keys),
+            keys,
             ranges,
             rows,
             bytes,

@@ -313,7 +313,8 @@ impl GpuJoinExec {
     /// The ordinal of the device partition `partition` runs on, where the
     /// join spreads over several.
     fn device_of(&self, partition: usize) -> Option<usize> {
-        let index = spread::device_of(partition, self.partition_mode(), self.devices.len());
+        let spreads = spread::spreads_one_build_side(&self.definition);
+        let index = spread::device_of(partition, self.partition_mode(), self.devices.len(), spreads);
         self.devices.get(index).map(|(ordinal, _)| *ordinal).filter(|_| self.devices.len() > 1)
     }
 
@@ -497,6 +498,7 @@ impl ExecutionPlan for GpuJoinExec {
             probe_filter,
             reductions: reductions.clone(),
             as_planned: self.as_planned,
+            shared_build: None,
         })
     }
 

@@ -21,7 +21,7 @@ use super::chosen::ChosenStrategies;
 use super::device_join::DeviceJoin;
 use super::inputs::PartitionInputs;
 use super::runtime::drop_off_the_workers;
-use super::spread::Spread;
+use super::spread::{Spread, device_of, spreads_one_build_side};
 use crate::algorithms::{JoinDefinition, ProbeChunkPolicy};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{BackendHandle, Devices, JoinBackend, cpu::CpuBackend};
@@ -40,15 +40,23 @@ pub(crate) fn runner_for(
     probe_partitions: usize,
     chosen: Arc<ChosenStrategies>,
 ) -> Arc<dyn JoinRunner> {
+    let (mode, count) = (*twin.partition_mode(), devices.len());
+    let spreads = spreads_one_build_side(&definition);
+    // The probe partitions each device runs, of which its last emits what a
+    // shared build side's flags say.
+    let partitions_on =
+        |device| (0..probe_partitions).filter(|&p| device_of(p, mode, count, spreads) == device).count();
     let mut runners: Vec<_> = devices
         .iter()
-        .map(|(_, backend)| {
-            device_runner(backend, Arc::clone(&definition), Arc::clone(&twin), probe_partitions, Arc::clone(&chosen))
+        .enumerate()
+        .map(|(device, (_, backend))| {
+            let (definition, twin, chosen) = (Arc::clone(&definition), Arc::clone(&twin), Arc::clone(&chosen));
+            device_runner(backend, definition, twin, partitions_on(device), chosen)
         })
         .collect();
     match runners.len() {
         1 => runners.remove(0),
-        _ => Arc::new(Spread::new(runners)),
+        _ => Arc::new(Spread::new(runners, &definition, probe_partitions)),
     }
 }
 

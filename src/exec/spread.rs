@@ -2,26 +2,42 @@
 //!
 //! Each device has a runner of its own, and with it its own build sides,
 //! admission queue and memory budget. Partition `p` of a `Partitioned`
-//! join has a build side of its own and runs on the `p mod n`-th device. A
-//! `CollectLeft` join's one build side serves every probe partition, and
-//! its flags of matched build rows, which the last partition to finish
-//! reads, are kept in one place: it runs on the first device.
+//! join has a build side of its own and runs on the `p mod n`-th device. So
+//! does partition `p` of a `CollectLeft` join whose probe chunks join on
+//! their own ([`spreads_one_build_side`]): its one build side is collected
+//! once into host memory ([`SharedCollection`]) and placed on every device
+//! that has probe partitions. A `CollectLeft` join that keeps flags of its
+//! matched build rows, which the last partition to finish reads, keeps them
+//! in one place: it runs on the first device.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::joins::PartitionMode;
 
+use super::build::SharedCollection;
 use super::inputs::PartitionInputs;
 use super::runner::JoinRunner;
+use crate::algorithms::JoinDefinition;
+
+/// Whether the probe partitions of a `CollectLeft` join take turns over
+/// the devices, each device placing the build side: where each probe chunk
+/// joins on its own, with no flags of matched build rows to keep in one
+/// place, no NULL of the build side to see from every partition (NOT IN) and
+/// no key order to keep.
+pub(crate) fn spreads_one_build_side(definition: &JoinDefinition) -> bool {
+    definition.probe_chunks_join_independently()
+}
 
 /// The index among `devices` devices of the one partition `partition` of a
-/// join in `mode` runs on.
-pub(crate) fn device_of(partition: usize, mode: PartitionMode, devices: usize) -> usize {
+/// join in `mode` runs on; `one_build_side_spreads` as
+/// [`spreads_one_build_side`] says of the join.
+pub(crate) fn device_of(partition: usize, mode: PartitionMode, devices: usize, one_build_side_spreads: bool) -> usize {
     match mode {
         PartitionMode::Partitioned => partition % devices.max(1),
+        PartitionMode::CollectLeft if one_build_side_spreads => partition % devices.max(1),
         PartitionMode::CollectLeft | PartitionMode::Auto => 0,
     }
 }
@@ -30,11 +46,37 @@ pub(crate) fn device_of(partition: usize, mode: PartitionMode, devices: usize) -
 /// `gpu_join.devices`.
 pub(crate) struct Spread {
     runners: Vec<Arc<dyn JoinRunner>>,
+    /// As [`spreads_one_build_side`] says of the join.
+    one_build_side_spreads: bool,
+    probe_partitions: usize,
+    /// The collection the partitions of the current execution of a
+    /// `CollectLeft` join share, and how many of them were sent to it.
+    shared: Mutex<(Arc<SharedCollection>, usize)>,
 }
 
 impl Spread {
-    pub fn new(runners: Vec<Arc<dyn JoinRunner>>) -> Self {
-        Self { runners }
+    pub fn new(runners: Vec<Arc<dyn JoinRunner>>, definition: &JoinDefinition, probe_partitions: usize) -> Self {
+        let shared = Mutex::new((Self::fresh_collection(runners.len(), probe_partitions), 0));
+        Self { one_build_side_spreads: spreads_one_build_side(definition), runners, probe_partitions, shared }
+    }
+
+    /// A collection for the devices that have probe partitions to take.
+    fn fresh_collection(devices: usize, probe_partitions: usize) -> Arc<SharedCollection> {
+        Arc::new(SharedCollection::new(devices.min(probe_partitions).max(1)))
+    }
+
+    /// The collection for the next partition; once every partition of an
+    /// execution has its own, the next execution's is a fresh one.
+    fn next_collection(&self) -> Result<Arc<SharedCollection>> {
+        let mut shared =
+            self.shared.lock().map_err(|_| DataFusionError::Internal("GPU join: spread lock poisoned".into()))?;
+        let (collection, sent) = &mut *shared;
+        let next = Arc::clone(collection);
+        *sent += 1;
+        if *sent >= self.probe_partitions {
+            *shared = (Self::fresh_collection(self.runners.len(), self.probe_partitions), 0);
+        }
+        Ok(next)
     }
 }
 
@@ -45,8 +87,11 @@ impl fmt::Debug for Spread {
 }
 
 impl JoinRunner for Spread {
-    fn execute(self: Arc<Self>, inputs: PartitionInputs) -> Result<SendableRecordBatchStream> {
-        let device = device_of(inputs.partition, inputs.mode, self.runners.len());
+    fn execute(self: Arc<Self>, mut inputs: PartitionInputs) -> Result<SendableRecordBatchStream> {
+        let device = device_of(inputs.partition, inputs.mode, self.runners.len(), self.one_build_side_spreads);
+        if inputs.mode == PartitionMode::CollectLeft && self.one_build_side_spreads {
+            inputs.shared_build = Some(self.next_collection()?);
+        }
         match self.runners.get(device) {
             Some(runner) => Arc::clone(runner).execute(inputs),
             None => datafusion::common::internal_err!("GPU join: no device {device} among {}", self.runners.len()),
@@ -59,10 +104,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn partitioned_joins_take_turns_and_collect_left_joins_stay_on_the_first() {
-        let on = |mode| (0..5).map(|p| device_of(p, mode, 2)).collect::<Vec<_>>();
-        assert_eq!(on(PartitionMode::Partitioned), vec![0, 1, 0, 1, 0]);
-        assert_eq!(on(PartitionMode::CollectLeft), vec![0; 5]);
-        assert_eq!(device_of(7, PartitionMode::Partitioned, 1), 0);
+    fn partitions_take_turns_unless_one_build_side_keeps_its_flags_in_one_place() {
+        let on = |mode, spreads| (0..5).map(|p| device_of(p, mode, 2, spreads)).collect::<Vec<_>>();
+        assert_eq!(on(PartitionMode::Partitioned, false), vec![0, 1, 0, 1, 0]);
+        assert_eq!(on(PartitionMode::CollectLeft, true), vec![0, 1, 0, 1, 0]);
+        assert_eq!(on(PartitionMode::CollectLeft, false), vec![0; 5]);
+        assert_eq!(device_of(7, PartitionMode::Partitioned, 1, true), 0);
     }
 }
