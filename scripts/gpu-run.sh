@@ -22,6 +22,8 @@
 #                     TPCH100_SET (NAME=VALUE, gpu_join options) sets one for the GPU session
 #   cluster-10        TPC-H SF 10 from Parquet on clusters of WORKERS (default 2)
 #                     workers on this host, against the single-node GPU session
+#   cluster-100       the same at SF 100 under the session's defaults, one pass
+#                     without a warm-up; TPCH100_QUERIES as above
 #   tpcds             TPC-DS SF 1 against DataFusion, every join the GPU join takes on it
 #   tpcds-10          TPC-DS SF 10 against DataFusion, the session's defaults
 #   tpcds-parquet     TPC-DS SF 1 from Parquet files, every join the GPU join takes on it
@@ -105,6 +107,9 @@ for name in $steps; do
         ${TPCH100_SET:+--set "$TPCH100_SET"} ;;
     cluster-10) step cluster-10 ./bin/tpch --sf 10 --parquet "$parquet" --workers "${WORKERS:-2}" --compare \
         --iterations 1 --breakdown --csv "$logs/cluster-10.csv" ;;
+    cluster-100) step cluster-100 ./bin/tpch --sf 100 --parquet "$parquet" --workers "${WORKERS:-2}" --compare \
+        --warmups 0 --iterations 1 --min-rows 10000000 --min-build-rows 262144 \
+        --queries "${TPCH100_QUERIES:-$(seq -s, 1 22)}" --breakdown --csv "$logs/cluster-100.csv" ;;
     tpcds) step tpcds ./bin/tpch --tpcds "$work/tpcds-queries" --sf 1 --compare \
         --queries "$(seq -s, 1 71),$(seq -s, 73 99)" ;;
     tpcds-10) step tpcds-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare --iterations 3 \
