@@ -1,5 +1,6 @@
 //! The operator under load and under failure: concurrent queries on one
-//! device, cancellation, allocation failures, build sides joined in passes,
+//! device, cancellation and allocation failures on one device and spread
+//! over two, build sides joined in passes,
 //! outputs beyond 2^31 rows, pinned memory from plenty to none, and build
 //! sides held in the session's memory pool.
 
@@ -14,7 +15,8 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::common::{
-    datafusion_context, gpu_context, join_metrics, run, sorted_rows, test_backend, test_backend_choice, test_options,
+    datafusion_context, devices_setting, gpu_context, join_metrics, run, sorted_rows, test_backend,
+    test_backend_choice, test_options,
 };
 use datafusion_gpu_join::config::BackendChoice;
 use datafusion_gpu_join::testing::InjectedAllocationFailures;
@@ -64,6 +66,11 @@ async fn gpu_session_failing(faults: InjectedAllocationFailures, settings: &[&st
     }
     create_tables(&ctx).await;
     ctx
+}
+
+/// The settings of a session on one device and of one spread over two.
+fn device_settings() -> [String; 2] {
+    ["set gpu_join.devices = 'one'".to_string(), format!("set gpu_join.devices = '{}'", devices_setting(2))]
 }
 
 async fn expected_results() -> Vec<Vec<String>> {
@@ -121,14 +128,16 @@ async fn concurrent_queries_share_the_device() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancelled_join_frees_its_memory() {
-    let ctx = gpu_session(&[]).await;
-    let start_level = test_backend().device_memory_in_use();
-    for query in ["select p, q from r join s on r.k = s.k", "select p, q from r full join s on r.k = s.k"] {
-        let mut stream = ctx.sql(query).await.expect("planned").execute_stream().await.expect("a stream");
-        let first = stream.next().await.expect("a first batch").expect("no error");
-        assert!(first.num_rows() > 0);
-        drop(stream);
-        assert!(memory_returns_to(&ctx, start_level).await, "{query}: memory stayed held after cancelling");
+    for devices in device_settings() {
+        let ctx = gpu_session(&[&devices]).await;
+        let start_level = test_backend().device_memory_in_use();
+        for query in ["select p, q from r join s on r.k = s.k", "select p, q from r full join s on r.k = s.k"] {
+            let mut stream = ctx.sql(query).await.expect("planned").execute_stream().await.expect("a stream");
+            let first = stream.next().await.expect("a first batch").expect("no error");
+            assert!(first.num_rows() > 0);
+            drop(stream);
+            assert!(memory_returns_to(&ctx, start_level).await, "{devices}, {query}: memory stayed held");
+        }
     }
 }
 
@@ -150,36 +159,47 @@ async fn a_join_cancelled_while_its_build_side_is_placed_frees_its_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allocation_failures_are_retried_or_fall_back() {
     let expected = expected_results().await;
+    for devices in device_settings() {
+        allocation_failures_on(&devices, &expected).await;
+    }
+}
+
+async fn allocation_failures_on(devices: &str, expected: &[Vec<String>]) {
     // One failure per partition: the chunk is joined again, alone.
-    let ctx = gpu_session_failing(InjectedAllocationFailures { probe: 1, ..Default::default() }, &[]).await;
-    for (query, expected) in QUERIES.iter().zip(&expected) {
-        assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{query} after one failure");
+    let ctx = gpu_session_failing(InjectedAllocationFailures { probe: 1, ..Default::default() }, &[devices]).await;
+    for (query, expected) in QUERIES.iter().zip(expected) {
+        assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{devices}, {query} after one failure");
         let [retries] = join_metrics(&ctx, query, ["out_of_memory_retries"]).await;
-        assert!(retries.is_some_and(|r| r > 0), "{query}: {retries:?} retries counted after a failure");
+        assert!(retries.is_some_and(|r| r > 0), "{devices}, {query}: {retries:?} retries counted after a failure");
     }
     // Every probe allocation fails: chunks are split to the smallest size,
     // then handed to DataFusion's hash join where the join type allows it.
-    let ctx = gpu_session_failing(InjectedAllocationFailures { probe: 1_000_000, ..Default::default() }, &[]).await;
-    for (query, expected) in QUERIES.iter().zip(&expected) {
+    let faults = InjectedAllocationFailures { probe: 1_000_000, ..Default::default() };
+    let ctx = gpu_session_failing(faults, &[devices]).await;
+    for (query, expected) in QUERIES.iter().zip(expected) {
         let result = ctx.sql(query).await.expect("planned").collect().await;
         let emits_build_rows = query.contains("left join") || query.contains("full join");
         match result {
             Ok(batches) => {
-                assert!(!emits_build_rows, "{query}: succeeded although every allocation fails");
-                assert_eq!(&sorted_rows(&batches), expected, "{query} on DataFusion's operator");
+                assert!(!emits_build_rows, "{devices}, {query}: succeeded although every allocation fails");
+                assert_eq!(&sorted_rows(&batches), expected, "{devices}, {query} on DataFusion's operator");
                 // Dozens of pieces of at most 4,096 probe rows each, and one
-                // hash table over each build side (one shared build side,
-                // or one per partition of four) for all of them.
+                // hash table over each build side a device holds (a shared
+                // one on each device, or one per partition of four) for all
+                // of them.
                 let [tables, retries] =
                     join_metrics(&ctx, query, ["host_fallback_tables", "out_of_memory_retries"]).await;
                 let (tables, retries) = (tables.unwrap_or(0), retries.unwrap_or(0));
-                assert!((1..=4).contains(&tables), "{query}: {tables} hash tables for DataFusion's operator");
-                assert!(retries > 8 * tables, "{query}: {retries} retries over {tables} hash tables");
+                assert!(
+                    (1..=4).contains(&tables),
+                    "{devices}, {query}: {tables} hash tables for DataFusion's operator"
+                );
+                assert!(retries > 8 * tables, "{devices}, {query}: {retries} retries over {tables} hash tables");
             }
             Err(e) => {
                 let message = e.to_string();
-                assert!(emits_build_rows || query.contains(" in "), "{query}: {message}");
-                assert!(message.contains("gpu_join.probe_chunk_rows"), "{query}: no advice in {message}");
+                assert!(emits_build_rows || query.contains(" in "), "{devices}, {query}: {message}");
+                assert!(message.contains("gpu_join.probe_chunk_rows"), "{devices}, {query}: no advice in {message}");
             }
         }
     }
@@ -231,6 +251,18 @@ async fn build_sides_split_into_passes_match_datafusion() {
     // side, 2 to 4 in each of 4 partitioned ones.
     let no_faults = InjectedAllocationFailures::default();
     assert_split_or_left_to_datafusion(no_faults, &["set gpu_join.build_pass_rows = 7000"], 2).await;
+    // A `CollectLeft` join spread over two devices: each device joins the
+    // one build side in passes of its own.
+    let expected = expected_results().await;
+    let devices = device_settings()[1].clone();
+    let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000", &devices]).await;
+    for (query, expected) in QUERIES.iter().zip(&expected) {
+        assert_eq!(&sorted_rows(&run(&ctx, query).await), expected, "{devices}, {query}");
+        let [passes] = join_metrics(&ctx, query, ["build_passes"]).await;
+        if !query.contains("left join") && !query.contains("full join") {
+            assert!(passes.is_some_and(|p| p >= 2 * 8), "{devices}, {query}: split into {passes:?} passes");
+        }
+    }
     // Partitions drained one after another still finish: none waits for
     // another to make progress.
     let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000"]).await;
