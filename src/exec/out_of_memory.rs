@@ -4,7 +4,8 @@
 //!  chunk, beside other jobs
 //!     │ more pairs than a match call makes             │ out of memory
 //!     ▼                                                ▼
-//!  pieces sized by its pairs per row            the chunk alone on the device
+//!  pieces sized by its pairs per row,           the chunk alone on the device
+//!  beside other jobs (alone once out of memory)       │
 //!     │ a piece still too many ──► its own pieces      │ out of memory
 //!     │ one row: a match call of every                 ▼
 //!     │ build row it matches                    its halves, alone, in probe order ──► their halves …
@@ -54,12 +55,15 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
     log::info!("gpu_join: joining a probe chunk of {} rows again, in pieces: {error}", batch.num_rows());
     let retries = &probing.inputs.metrics.out_of_memory_retries;
     retries.add(1);
-    // Pieces are a stack: the last is joined first.
-    let mut pending = match too_many_pairs(&error) {
-        Some(too_many) => pieces_by_pairs(&batch, too_many),
-        None => vec![batch],
+    // Pieces are a stack: the last is joined first. Each says whether it
+    // takes the device alone: the pieces of a chunk that ran out of memory
+    // beside others do; those of one that made more pairs than one match
+    // call may need no more memory than any chunk, and share the device.
+    let mut pending: Vec<(RecordBatch, bool)> = match too_many_pairs(&error) {
+        Some(too_many) => pieces_by_pairs(&batch, too_many).into_iter().map(|piece| (piece, false)).collect(),
+        None => vec![(batch, true)],
     };
-    while let Some(piece) = pending.pop() {
+    while let Some((piece, alone)) = pending.pop() {
         let rows = piece.num_rows();
         // One probe row matches at most every build row: its match call may
         // make that many pairs.
@@ -67,7 +71,10 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
             1 => backend.clone().with_candidate_limit(MAX_RELATION_ROWS),
             _ => backend.clone(),
         };
-        let permit = probing.admitted_alone().await?;
+        let permit = match alone {
+            true => probing.admitted_alone().await?,
+            false => probing.admitted().await?,
+        };
         let joined = load_and_join(
             probing,
             &instance,
@@ -91,7 +98,11 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
         drop(permit);
         retries.add(1);
         match too_many_pairs(&error) {
-            Some(too_many) if rows > 1 => pending.extend(pieces_by_pairs(&piece, too_many)),
+            Some(too_many) if rows > 1 => {
+                pending.extend(pieces_by_pairs(&piece, too_many).into_iter().map(|piece| (piece, alone)))
+            }
+            // Out of memory beside others: the same piece, alone.
+            None if !alone => pending.push((piece, true)),
             _ if rows <= SMALLEST_RETRY_ROWS => {
                 let batches = join_on_cpu(probing, build, piece, error).await?;
                 if !output.send_all(batches).await? {
@@ -100,8 +111,8 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
             }
             // Halves in probe order: the later half is joined last.
             _ => {
-                pending.push(piece.slice(rows / 2, rows - rows / 2));
-                pending.push(piece.slice(0, rows / 2));
+                pending.push((piece.slice(rows / 2, rows - rows / 2), true));
+                pending.push((piece.slice(0, rows / 2), true));
             }
         }
     }
