@@ -264,22 +264,27 @@ async fn build_sides_split_into_passes_match_datafusion() {
         }
     }
     // Partitions drained one after another still finish: none waits for
-    // another to make progress.
-    let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000"]).await;
-    let plan = ctx.sql(QUERIES[0]).await.expect("planned").create_physical_plan().await.expect("a plan");
-    let join = find_join(&plan).expect("the join runs on the GPU");
-    let mut batches = vec![];
-    for mut stream in execute_stream_partitioned(join, ctx.task_ctx()).expect("streams") {
-        while let Some(batch) = stream.next().await {
-            batches.push(batch.expect("a batch"));
-        }
-    }
-    let count: usize = batches.iter().map(|b| b.num_rows()).sum();
+    // another to make progress, on one device or spread over two, where the
+    // later devices take the build side the first partition collected.
     let reference = datafusion_context(config());
     create_tables(&reference).await;
     let expected = run(&reference, "select count(*) from r join s on r.k = s.k").await;
     let expected = expected[0].column(0).as_any().downcast_ref::<arrow::array::Int64Array>().expect("a count");
-    assert_eq!(count as i64, expected.value(0), "rows of the join drained partition by partition");
+    for devices in device_settings() {
+        let ctx = gpu_session(&["set gpu_join.build_pass_rows = 7000", &devices]).await;
+        let plan = ctx.sql(QUERIES[0]).await.expect("planned").create_physical_plan().await.expect("a plan");
+        let join = find_join(&plan).expect("the join runs on the GPU");
+        let mut batches = vec![];
+        for mut stream in execute_stream_partitioned(Arc::clone(&join), ctx.task_ctx()).expect("streams") {
+            while let Some(batch) = stream.next().await {
+                batches.push(batch.expect("a batch"));
+            }
+        }
+        let count: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(count as i64, expected.value(0), "{devices}: rows of the join drained partition by partition");
+        let build_rows = join.metrics().and_then(|m| m.sum_by_name("build_rows")).map(|rows| rows.as_usize());
+        assert_eq!(build_rows, Some(BUILD_ROWS), "{devices}: the build side collected once");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -18,7 +18,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use arrow::datatypes::{Schema, SchemaRef};
@@ -371,36 +371,20 @@ pub(crate) struct HostBuild {
 /// The host collection of a `CollectLeft` build side that the devices a
 /// join spreads over share ([`super::spread`]): collected once, by the
 /// first partition that asks, then taken by each device to place on itself.
-/// The last device to take it takes its batches alone, so that they are
-/// freed with that device's build side, not with the join.
+/// Its batches are the ones each device's host rows of a whole build side
+/// keep anyway; beside a build side split into passes they stay held until
+/// the join's partitions end.
+#[derive(Default)]
 pub(crate) struct SharedCollection {
-    host: tokio::sync::OnceCell<std::result::Result<Mutex<Option<HostBuild>>, Arc<DataFusionError>>>,
-    /// Devices that are still to take it.
-    takers: AtomicUsize,
+    host: tokio::sync::OnceCell<std::result::Result<HostBuild, Arc<DataFusionError>>>,
 }
 
 impl SharedCollection {
-    pub fn new(devices: usize) -> Self {
-        Self { host: tokio::sync::OnceCell::new(), takers: AtomicUsize::new(devices) }
-    }
-
     /// The collected build side, collected by `collect` if no device has
     /// asked before.
     async fn take(&self, collect: impl Future<Output = Result<HostBuild>>) -> Result<HostBuild> {
-        let held = self
-            .host
-            .get_or_init(|| async { collect.await.map(|host| Mutex::new(Some(host))).map_err(Arc::new) })
-            .await;
-        let held = held.as_ref().map_err(|e| DataFusionError::Shared(Arc::clone(e)))?;
-        let mut held =
-            held.lock().map_err(|_| DataFusionError::Internal("GPU join: shared build side lock poisoned".into()))?;
-        let taken = match self.takers.fetch_sub(1, Ordering::AcqRel) {
-            1 => held.take(),
-            _ => held.clone(),
-        };
-        taken.ok_or_else(|| {
-            DataFusionError::Internal("GPU join: a shared build side was taken by more devices than it serves".into())
-        })
+        let host = self.host.get_or_init(|| async { collect.await.map_err(Arc::new) }).await;
+        host.clone().map_err(DataFusionError::Shared)
     }
 }
 

@@ -56,13 +56,8 @@ pub(crate) struct Spread {
 
 impl Spread {
     pub fn new(runners: Vec<Arc<dyn JoinRunner>>, definition: &JoinDefinition, probe_partitions: usize) -> Self {
-        let shared = Mutex::new((Self::fresh_collection(runners.len(), probe_partitions), 0));
+        let shared = Mutex::new((Arc::default(), 0));
         Self { one_build_side_spreads: spreads_one_build_side(definition), runners, probe_partitions, shared }
-    }
-
-    /// A collection for the devices that have probe partitions to take.
-    fn fresh_collection(devices: usize, probe_partitions: usize) -> Arc<SharedCollection> {
-        Arc::new(SharedCollection::new(devices.min(probe_partitions).max(1)))
     }
 
     /// The collection for the next partition; once every partition of an
@@ -74,7 +69,7 @@ impl Spread {
         let next = Arc::clone(collection);
         *sent += 1;
         if *sent >= self.probe_partitions {
-            *shared = (Self::fresh_collection(self.runners.len(), self.probe_partitions), 0);
+            *shared = (Arc::default(), 0);
         }
         Ok(next)
     }
