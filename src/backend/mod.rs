@@ -122,9 +122,10 @@ pub(crate) fn check_compared(
 /// A column in backend memory and the rows of it that a primitive reads.
 pub type ColumnRows<'a, B> = (&'a <B as JoinBackend>::Column, &'a <B as JoinBackend>::Vector<u32>);
 
-/// The most rows one relation or probe chunk may have: positions are `u32`
-/// and [`NULL_POSITION`] is reserved.
-pub const MAX_RELATION_ROWS: usize = (u32::MAX - 1) as usize;
+/// The most rows one relation or probe chunk may have: positions are `u32`,
+/// [`NULL_POSITION`] is reserved, and the kernels' `u32` row counters step
+/// up to a block's items past the last row (at most 2^16) without wrapping.
+pub const MAX_RELATION_ROWS: usize = (u32::MAX - (1 << 16)) as usize;
 
 /// The most candidate pairs one match call produces. A probe chunk with more
 /// fails with a resource error, and the operator joins it in smaller
