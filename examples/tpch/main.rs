@@ -8,7 +8,7 @@
 //!     [--queries 1,3,5] [--iterations 3] [--warmups 1] [--partitions 16] [--min-rows N] [--min-build-rows N]
 //!     [--parquet DIR] [--tpcds QUERY_DIR] [--validate] [--compare] [--explain] [--plans]
 //!     [--placements] [--pinned] [--workers N] [--duckdb SCRIPT] [--csv FILE] [--breakdown]
-//!     [--set NAME=VALUE ...]
+//!     [--set NAME=VALUE ...] [--variant NAME=VALUE ...]
 //! ```
 //!
 //! A progress bar over the queries' runs shows on standard error where
@@ -53,6 +53,12 @@
 //! DataFusion session never runs the GPU join, whatever `--set enabled`
 //! says; `--set enabled=false` makes both sessions DataFusion alone, so
 //! that `--compare` measures how far two identical sessions differ.
+//!
+//! `--variant NAME=VALUE` (repeatable) runs a second GPU session beside the
+//! first, with these `gpu_join` options on top of `--set`'s, taking turns
+//! with the others run by run: its time and whether its rows are the GPU
+//! session's on each line (`variant_ms` in the CSV file), so that one job
+//! weighs an option against the defaults, and both against DataFusion.
 //!
 //! `--workers N` (with `--parquet`) makes both sessions coordinators of a
 //! `datafusion-distributed` cluster of N workers on this host's loopback,
@@ -133,6 +139,8 @@ struct Args {
     tpcds: Option<PathBuf>,
     /// Other `gpu_join` options, by name without the prefix.
     settings: Vec<(String, String)>,
+    /// The options of a second GPU session, on top of `settings`.
+    variant: Vec<(String, String)>,
     /// Workers of each session's cluster; none: single-node sessions.
     workers: usize,
     /// `scripts/duckdb-queries.py`, to run each query on DuckDB too.
@@ -162,6 +170,7 @@ fn parse_args() -> Result<Args> {
         parquet: None,
         tpcds: None,
         settings: vec![],
+        variant: vec![],
         workers: 0,
         duckdb: None,
         csv: None,
@@ -206,6 +215,16 @@ fn parse_args() -> Result<Args> {
                 let (name, value) = setting.split_once('=').ok_or_else(|| bad("--set"))?;
                 args.settings.push((name.trim().to_string(), value.trim().to_string()));
             }
+            "--variant" => {
+                let setting = value()?;
+                let (name, value) = setting.split_once('=').ok_or_else(|| bad("--variant"))?;
+                if prefix(name.trim()).is_some() {
+                    return Err(DataFusionError::Configuration(format!(
+                        "--variant {setting}: a variant sets gpu_join options, named without their prefix"
+                    )));
+                }
+                args.variant.push((name.trim().to_string(), value.trim().to_string()));
+            }
             other => return Err(bad(other)),
         }
     }
@@ -217,6 +236,11 @@ fn parse_args() -> Result<Args> {
     if args.pinned && args.parquet.is_some() {
         return Err(DataFusionError::Configuration(
             "--pinned keeps the tables held in memory in pinned memory; with --parquet none are".to_string(),
+        ));
+    }
+    if args.workers > 0 && !args.variant.is_empty() {
+        return Err(DataFusionError::Configuration(
+            "--variant runs beside single-node sessions; leave out --workers".to_string(),
         ));
     }
     if args.workers > 0 && args.parquet.is_none() {
@@ -258,14 +282,15 @@ impl Args {
     }
 }
 
-/// The options of the GPU session (`gpu`) or DataFusion's.
-fn session_config(args: &Args, gpu: bool) -> Result<SessionConfig> {
+/// The options of the GPU session (`gpu`) or DataFusion's, with `extra`
+/// `gpu_join` options on top of `--set`'s.
+fn session_config(args: &Args, gpu: bool, extra: &[(String, String)]) -> Result<SessionConfig> {
     let mut options = GpuJoinConfig::default();
     options.backend = args.backend;
     options.min_rows = args.min_rows;
     options.min_build_rows = args.min_build_rows;
     let mut config = SessionConfig::new().with_target_partitions(args.partitions);
-    for (name, value) in &args.settings {
+    for (name, value) in args.settings.iter().chain(extra) {
         match prefix(name) {
             Some("datafusion") => config.options_mut().set(name, value)?,
             // The clusters' own, set once their planner is in place.
@@ -285,8 +310,8 @@ fn prefix(name: &str) -> Option<&str> {
     name.split_once('.').map(|(prefix, _)| prefix)
 }
 
-fn session(args: &Args, gpu: bool) -> Result<SessionContext> {
-    let config = session_config(args, gpu)?;
+fn session(args: &Args, gpu: bool, extra: &[(String, String)]) -> Result<SessionContext> {
+    let config = session_config(args, gpu, extra)?;
     let state = SessionStateBuilder::new().with_default_features().with_config(config).with_gpu_join().build();
     Ok(SessionContext::new_with_state(state))
 }
@@ -309,7 +334,7 @@ where
 /// session's, whose workers join on the GPU (returned, for their counts of
 /// joins), or DataFusion's.
 async fn cluster_session(args: &Args, gpu: bool) -> Result<(SessionContext, Option<GpuJoinWorker>)> {
-    let builder = SessionStateBuilder::new().with_default_features().with_config(session_config(args, gpu)?);
+    let builder = SessionStateBuilder::new().with_default_features().with_config(session_config(args, gpu, &[])?);
     let (builder, worker, ports) = match gpu {
         true => {
             let worker = GpuJoinWorker::new();
@@ -456,11 +481,15 @@ async fn main() -> Result<()> {
     }
     let start = Instant::now();
     let (gpu, cpu, single_node, workers) = match args.workers {
-        0 => (session(&args, true)?, session(&args, false)?, None, None),
+        0 => (session(&args, true, &[])?, session(&args, false, &[])?, None, None),
         _ => {
             let (gpu, workers) = cluster_session(&args, true).await?;
-            (gpu, cluster_session(&args, false).await?.0, Some(session(&args, true)?), workers)
+            (gpu, cluster_session(&args, false).await?.0, Some(session(&args, true, &[])?), workers)
         }
+    };
+    let variant = match args.variant.is_empty() {
+        true => None,
+        false => Some(session(&args, true, &args.variant)?),
     };
     let mut files = None;
     let source = match &args.parquet {
@@ -469,7 +498,7 @@ async fn main() -> Result<()> {
                 Some(_) => tpcds::write_parquet(dir, args.scale_factor, args.partitions)?,
                 None => tpch::write_parquet(dir, args.scale_factor, args.partitions)?,
             };
-            for ctx in [&gpu, &cpu].into_iter().chain(&single_node) {
+            for ctx in [&gpu, &cpu].into_iter().chain(&single_node).chain(&variant) {
                 match &args.tpcds {
                     Some(_) => tpcds::register_parquet(ctx, &folder).await?,
                     None => tpch::register_parquet(ctx, &folder).await?,
@@ -488,6 +517,9 @@ async fn main() -> Result<()> {
                 workloads::pin_tables(&gpu).await?;
             }
             workloads::share_tables(&gpu, &cpu).await?;
+            if let Some(variant) = &variant {
+                workloads::share_tables(&gpu, variant).await?;
+            }
             match args.pinned {
                 true => "in memory, pinned where a CUDA device joins them".to_string(),
                 false => "in memory".to_string(),
@@ -515,7 +547,13 @@ async fn main() -> Result<()> {
     if let Some(duckdb) = &duckdb {
         println!("DuckDB {} on the same files, between the sessions' turns", duckdb.version);
     }
-    let sessions_per_query = 1 + usize::from(args.compare) + usize::from(single_node.is_some());
+    if variant.is_some() {
+        let options: Vec<String> =
+            args.variant.iter().map(|(name, value)| format!("gpu_join.{name} = {value}")).collect();
+        println!("variant: a second GPU session with {}", options.join(", "));
+    }
+    let sessions_per_query =
+        1 + usize::from(variant.is_some()) + usize::from(args.compare) + usize::from(single_node.is_some());
     let runs = match args.placements {
         true => 0,
         false => args.queries.len() * sessions_per_query * (args.warmups + args.iterations),
@@ -528,7 +566,11 @@ async fn main() -> Result<()> {
             report.line(&format!("Q{query:02} {}", placements(&gpu, query, &args).await?));
             continue;
         }
-        let mut sessions = if args.compare { vec![&gpu, &cpu] } else { vec![&gpu] };
+        let mut sessions = vec![&gpu];
+        sessions.extend(&variant);
+        if args.compare {
+            sessions.push(&cpu);
+        }
         sessions.extend(&single_node);
         let joins_before = workers.as_ref().map(|w| (w.joins().on_gpu(), w.joins().on_datafusion()));
         let mut timings = match timed(&sessions, query, &args, &report).await {
@@ -553,6 +595,20 @@ async fn main() -> Result<()> {
             false => vec![],
         };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
+        if variant.is_some()
+            && let Some(other) = timings.next()
+        {
+            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&other.rows)?;
+            line.push_str(&format!(" | variant {:>9.1} ms, same rows: {same}", other.time.as_secs_f64() * 1e3));
+            if !same {
+                failures.push(format!("Q{query}: the variant's rows differ from the GPU session's"));
+            }
+            figures.variant = Some(other.time);
+            figures.same_rows &= same;
+            if args.breakdown {
+                breakdowns.push(("variant", other.operators));
+            }
+        }
         if args.compare
             && let Some(cpu) = timings.next()
         {
