@@ -29,6 +29,10 @@
 #   tpcds-10          TPC-DS SF 10 against DataFusion, the session's defaults
 #   tpcds-parquet     TPC-DS SF 1 from Parquet files, every join the GPU join takes on it
 #   tpcds-parquet-10  TPC-DS SF 10 from Parquet files, the session's defaults
+#   tpcds-parquet-100 TPC-DS SF 100 from Parquet files (about 35 GB: not beside
+#                     TPC-H SF 100's 34 GB on a 64 GiB disk) against DataFusion and
+#                     DuckDB, one run after a warm-up; TPCDS100_QUERIES (comma-separated)
+#                     spreads the queries over calls
 #   filters-10        the queries whose joins have filters (TPC-DS 16, 94, 95
 #                     and TPC-H 21) at SF 10 from Parquet, filters evaluated
 #                     on the host, then on the backend
@@ -121,6 +125,10 @@ for name in $steps; do
     tpcds-parquet-10) step tpcds-parquet-10 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare \
         --iterations 3 --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" \
         --queries "$tpcds10_queries" ;;
+    tpcds-parquet-100) step tpcds-parquet-100 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 100 --compare \
+        --iterations 1 --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" \
+        --queries "${TPCDS100_QUERIES:-$tpcds10_queries}" --duckdb "$work/duckdb-queries.py" \
+        --csv "$logs/tpcds-parquet-100.csv" ;;
     filters-10)
         for on_backend in false true; do
             step "tpcds-filters-$on_backend" ./bin/tpch --tpcds "$work/tpcds-queries" --sf 10 --compare \
