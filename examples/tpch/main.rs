@@ -391,6 +391,16 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
         .collect()
 }
 
+/// Whether `other` gave the rows `rows`; `differ` among the failures where
+/// it did not.
+fn same_rows(rows: &[RecordBatch], other: &Timing, differ: String, failures: &mut Vec<String>) -> Result<bool> {
+    let same = workloads::comparable_rows(rows)? == workloads::comparable_rows(&other.rows)?;
+    if !same {
+        failures.push(differ);
+    }
+    Ok(same)
+}
+
 /// The operators that took at least 1% of a run's CPU time, the largest
 /// first, and the total.
 fn by_operator(operators: &[(String, Duration)]) -> String {
@@ -598,11 +608,8 @@ async fn main() -> Result<()> {
         if variant.is_some()
             && let Some(other) = timings.next()
         {
-            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&other.rows)?;
+            let same = same_rows(&batches, &other, format!("Q{query}: rows differ from the variant's"), &mut failures)?;
             line.push_str(&format!(" | variant {:>9.1} ms, same rows: {same}", other.time.as_secs_f64() * 1e3));
-            if !same {
-                failures.push(format!("Q{query}: the variant's rows differ from the GPU session's"));
-            }
             figures.variant = Some(other.time);
             figures.same_rows &= same;
             if args.breakdown {
@@ -612,16 +619,13 @@ async fn main() -> Result<()> {
         if args.compare
             && let Some(cpu) = timings.next()
         {
-            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&cpu.rows)?;
+            let same = same_rows(&batches, &cpu, format!("Q{query}: rows differ from DataFusion's"), &mut failures)?;
             line.push_str(&format!(" | DataFusion {:>9.1} ms, same rows: {same}", cpu.time.as_secs_f64() * 1e3));
             line.push_str(&format!(
                 " | planning {:.1} ms against {:.1}",
                 planning.as_secs_f64() * 1e3,
                 cpu.planning.as_secs_f64() * 1e3
             ));
-            if !same {
-                failures.push(format!("Q{query}: rows differ from DataFusion's"));
-            }
             figures.datafusion = Some(cpu.time);
             figures.same_rows &= same;
             if args.breakdown {
@@ -629,14 +633,12 @@ async fn main() -> Result<()> {
             }
         }
         if let Some(single) = timings.next() {
-            let same = workloads::comparable_rows(&batches)? == workloads::comparable_rows(&single.rows)?;
+            let differ = format!("Q{query}: rows differ from the single-node GPU session's");
+            let same = same_rows(&batches, &single, differ, &mut failures)?;
             line.push_str(&format!(
                 " | single-node GPU {:>9.1} ms, same rows: {same}",
                 single.time.as_secs_f64() * 1e3
             ));
-            if !same {
-                failures.push(format!("Q{query}: rows differ from the single-node GPU session's"));
-            }
             figures.single_node_gpu = Some(single.time);
             figures.same_rows &= same;
         }
