@@ -56,7 +56,7 @@ pub(crate) fn runner_for(
         .collect();
     match runners.len() {
         1 => runners.remove(0),
-        _ => Arc::new(Spread::new(runners, &definition, probe_partitions)),
+        _ => Arc::new(Spread::new(runners, spreads, probe_partitions)),
     }
 }
 

@@ -55,9 +55,11 @@ pub(crate) struct Spread {
 }
 
 impl Spread {
-    pub fn new(runners: Vec<Arc<dyn JoinRunner>>, definition: &JoinDefinition, probe_partitions: usize) -> Self {
+    /// `one_build_side_spreads` as [`spreads_one_build_side`] says of the
+    /// join.
+    pub fn new(runners: Vec<Arc<dyn JoinRunner>>, one_build_side_spreads: bool, probe_partitions: usize) -> Self {
         let shared = Mutex::new((Arc::default(), 0));
-        Self { one_build_side_spreads: spreads_one_build_side(definition), runners, probe_partitions, shared }
+        Self { one_build_side_spreads, runners, probe_partitions, shared }
     }
 
     /// The collection for the next partition; once every partition of an
@@ -97,6 +99,17 @@ impl JoinRunner for Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_partitions_of_one_execution_share_a_collection_and_the_next_gets_its_own() -> Result<()> {
+        let spread = Spread::new(vec![], true, 3);
+        let first: Vec<_> = (0..3).map(|_| spread.next_collection()).collect::<Result<_>>()?;
+        assert!(first.iter().all(|collection| Arc::ptr_eq(collection, &first[0])));
+        let next = spread.next_collection()?;
+        assert!(!Arc::ptr_eq(&next, &first[0]), "a fresh collection for the next execution");
+        assert!(Arc::ptr_eq(&next, &spread.next_collection()?));
+        Ok(())
+    }
 
     #[test]
     fn partitions_take_turns_unless_one_build_side_keeps_its_flags_in_one_place() {
