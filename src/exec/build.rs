@@ -358,7 +358,7 @@ struct Collected {
 
 /// A build side collected into host memory, before it is placed.
 #[derive(Clone)]
-pub(crate) struct HostBuild {
+struct HostBuild {
     batches: Vec<RecordBatch>,
     /// Its keys evaluated on each batch, where they were as it was collected.
     keys: Option<CollectedKeys>,

@@ -156,12 +156,12 @@ pub(crate) struct RowReduction {
 }
 
 /// Rows read from an input before the reduction judges whether it pays.
-pub(crate) const SAMPLE_ROWS: usize = 1 << 20;
+const SAMPLE_ROWS: usize = 1 << 20;
 
 /// Whether a reduction drops enough of the rows it reads to go on: at
 /// least one in [`LEAST_DROPPED_SHARE`] of the first [`SAMPLE_ROWS`].
 #[derive(Debug, Default)]
-pub(crate) struct Sample {
+struct Sample {
     read: AtomicUsize,
     dropped: AtomicUsize,
     /// Set once the sample is read: whether the reduction goes on.
@@ -174,12 +174,12 @@ const LEAST_DROPPED_SHARE: usize = 4;
 impl Sample {
     /// Whether rows are still worth checking: until the sample is read, and
     /// after it where it showed the reduction pays.
-    pub fn applies(&self) -> bool {
+    fn applies(&self) -> bool {
         self.verdict.get().copied().unwrap_or(true)
     }
 
     /// Counts `read` rows checked, of which `dropped` did not pass.
-    pub fn record(&self, read: usize, dropped: usize) {
+    fn record(&self, read: usize, dropped: usize) {
         if self.verdict.get().is_some() {
             return;
         }
