@@ -308,10 +308,13 @@ extensions_options! {
         /// its own build side, and over several devices such a join keeps
         /// its partitions (`collect_build_side` applies to one device). So
         /// does probe partition `p` of a `CollectLeft` join, its one build
-        /// side collected once and placed on each device, unless the join
-        /// keeps flags of its matched build rows (left, full, left semi,
-        /// left anti and left mark joins), or is a NOT IN or in key order:
-        /// that one runs on the first. On the CPU backend each listed
+        /// side collected once and placed whole on each device, or, where it
+        /// does not fit one, split once by key hash into passes that the
+        /// devices hold in turn, each probe partition sending a pass's rows
+        /// to the device holding it; unless the join keeps flags of its
+        /// matched build rows (left, full, left semi, left anti and left
+        /// mark joins), or is a NOT IN or in key order: that one runs on the
+        /// first. On the CPU backend each listed
         /// device is an instance of its own, all under the CPU's one
         /// admission queue (`all` is one).
         pub devices: DeviceList, default = DeviceList::One

@@ -75,6 +75,17 @@ fn rng_rows(seed: u64) -> usize {
 /// hash join `Partitioned` where `partitioned` says so, and otherwise, as
 /// its build side is small, `CollectLeft`.
 fn sessions(seed: u64, devices: &str, partitioned: bool) -> (SessionContext, SessionContext) {
+    sessions_with(seed, devices, partitioned, GpuJoinConfig::default().build_pass_rows)
+}
+
+/// As [`sessions`], build sides split into passes of at most
+/// `build_pass_rows` rows.
+fn sessions_with(
+    seed: u64,
+    devices: &str,
+    partitioned: bool,
+    build_pass_rows: usize,
+) -> (SessionContext, SessionContext) {
     let mut config = SessionConfig::new().with_target_partitions(4).with_batch_size(500);
     if partitioned {
         let optimizer = &mut config.options_mut().optimizer;
@@ -83,6 +94,7 @@ fn sessions(seed: u64, devices: &str, partitioned: bool) -> (SessionContext, Ses
     }
     let mut options = test_options();
     options.devices = devices.parse::<DeviceList>().expect("a list of devices");
+    options.build_pass_rows = build_pass_rows;
     let gpu = gpu_context_with(config.clone(), options);
     let reference = datafusion_context(config);
     for ctx in [&gpu, &reference] {
@@ -94,13 +106,16 @@ fn sessions(seed: u64, devices: &str, partitioned: bool) -> (SessionContext, Ses
 }
 
 /// What the one GPU join of an executed plan did: its mode, its output
-/// rows, and the output rows it counted on each device of `ordinals`.
+/// rows, the passes its build side was split into, and the output rows and
+/// build rows it counted on each device of `ordinals`.
 struct Executed {
     mode: PartitionMode,
     join_type: JoinType,
     output_rows: usize,
     build_rows: usize,
+    build_passes: usize,
     device_rows: Vec<Option<usize>>,
+    device_build_rows: Vec<usize>,
 }
 
 /// Runs `sql` in both sessions, checks the rows are the same, and returns
@@ -121,14 +136,17 @@ async fn same_rows(
     let joins = gpu_joins(&plan);
     assert_eq!(joins.len(), 1, "seed {seed}, {sql}: one GPU join expected");
     let metrics = joins[0].metrics().expect("the join's metrics").aggregate_by_name();
+    let sum = |name: &str| metrics.sum_by_name(name).map(|value| value.as_usize());
     Executed {
         mode: joins[0].partition_mode(),
         join_type: joins[0].join_type(),
         output_rows: metrics.output_rows().unwrap_or(0),
-        build_rows: metrics.sum_by_name("build_rows").map(|value| value.as_usize()).unwrap_or(0),
-        device_rows: ordinals
+        build_rows: sum("build_rows").unwrap_or(0),
+        build_passes: sum("build_passes").unwrap_or(0),
+        device_rows: ordinals.iter().map(|ordinal| sum(&format!("device{ordinal}_output_rows"))).collect(),
+        device_build_rows: ordinals
             .iter()
-            .map(|ordinal| metrics.sum_by_name(&format!("device{ordinal}_output_rows")).map(|value| value.as_usize()))
+            .map(|ordinal| sum(&format!("device{ordinal}_build_rows")).unwrap_or(0))
             .collect(),
     }
 }
@@ -185,10 +203,58 @@ async fn a_join_of_one_build_side_spreads_unless_it_keeps_flags_of_its_build_row
             JoinType::Left | JoinType::Full | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark
         );
         if test_backend_choice() != BackendChoice::Cuda {
-            // The probe partitions take turns over the two devices.
+            // The probe partitions take turns over the two devices, each
+            // holding the whole build side.
+            let built = &join.device_build_rows;
             match keeps_flags {
-                true => assert_eq!(shares[1], 0, "seed {seed}, {sql}: {shares:?}"),
-                false => assert!(shares.iter().all(|&rows| rows > 0), "seed {seed}, {sql}: {shares:?}"),
+                true => {
+                    assert_eq!(shares[1], 0, "seed {seed}, {sql}: {shares:?}");
+                    assert_eq!(built, &[join.build_rows, 0], "seed {seed}, {sql}: build rows per device");
+                }
+                false => {
+                    assert!(shares.iter().all(|&rows| rows > 0), "seed {seed}, {sql}: {shares:?}");
+                    assert_eq!(built, &[join.build_rows; 2], "seed {seed}, {sql}: build rows per device");
+                }
+            }
+        }
+    }
+}
+
+/// A `CollectLeft` build side too large for one device is split once, by
+/// a hash of its keys, over the devices: each holds its passes, the probe
+/// rows of a pass go to the device that holds it, and every build row is
+/// prepared on one device only. One that keeps flags of its build rows is
+/// not split; DataFusion's operator joins it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_side_too_large_for_one_device_is_split_over_the_devices() {
+    let seed = fresh_seed();
+    for devices in [2, 3] {
+        let setting = devices_setting(devices);
+        let mut ordinals = setting_ordinals(&setting);
+        ordinals.dedup();
+        // At most two passes per device: none is evicted, so each is
+        // prepared once.
+        let (gpu, reference) = sessions_with(seed, &setting, false, 2000);
+        for sql in JOINS {
+            let join = same_rows(&gpu, &reference, sql, seed, &ordinals).await;
+            assert_eq!(join.mode, PartitionMode::CollectLeft, "{sql}");
+            let label = format!("seed {seed}, {devices} devices, {sql}");
+            let built = &join.device_build_rows;
+            if matches!(join.join_type, JoinType::Inner | JoinType::Right | JoinType::RightSemi | JoinType::RightAnti) {
+                assert!(
+                    join.build_passes >= devices && join.build_passes % devices == 0,
+                    "{label}: {} passes, split once, as many per device",
+                    join.build_passes
+                );
+                assert_eq!(built.iter().sum::<usize>(), join.build_rows, "{label}: {built:?}");
+                if test_backend_choice() != BackendChoice::Cuda {
+                    let (shares, held) = (&join.device_rows, |rows: usize| rows > 0 && rows < join.build_rows);
+                    assert!(built.iter().all(|&rows| held(rows)), "{label}: each device holds a part: {built:?}");
+                    assert!(shares.iter().all(|rows| rows.is_some_and(|r| r > 0)), "{label}: {shares:?}");
+                }
+            } else {
+                assert_eq!(join.build_passes, 0, "{label}");
+                assert_eq!(built.iter().sum::<usize>(), 0, "{label}: left to DataFusion's operator");
             }
         }
     }

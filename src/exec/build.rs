@@ -144,6 +144,9 @@ struct CollectedInput<B: JoinBackend> {
     right: Arc<dyn ExecutionPlan>,
     mode: PartitionMode,
     partition: usize,
+    /// The collection the join's devices share, which a build side too
+    /// large for one device is split over.
+    shared: Option<Arc<SharedCollection<B>>>,
 }
 
 /// The build side's host work (assembly, key ranges, key encoding) runs on
@@ -370,21 +373,45 @@ struct HostBuild {
 
 /// The host collection of a `CollectLeft` build side that the devices a
 /// join spreads over share ([`super::spread`]): collected once, by the
-/// first partition that asks, then taken by each device to place on itself.
-/// Its batches are the ones each device's host rows of a whole build side
-/// keep anyway; beside a build side split into passes they stay held until
-/// the join's partitions end.
-#[derive(Default)]
-pub(crate) struct SharedCollection {
+/// first partition that asks, then taken by each device to place on itself,
+/// or, where it does not fit one device, split once into passes over all of
+/// them. Its batches are the ones each device's host rows of a whole build
+/// side keep anyway; beside a build side split into passes they stay held
+/// until the join's partitions end.
+pub(crate) struct SharedCollection<B: JoinBackend> {
     host: tokio::sync::OnceCell<std::result::Result<HostBuild, Arc<DataFusionError>>>,
+    passes: tokio::sync::OnceCell<std::result::Result<Arc<BuildPasses<B>>, Arc<DataFusionError>>>,
+    /// The join's devices, in the order of `gpu_join.devices`.
+    devices: Arc<[Arc<DeviceJoin<B>>]>,
 }
 
-impl SharedCollection {
+impl<B: JoinBackend> SharedCollection<B> {
+    pub fn new(devices: Arc<[Arc<DeviceJoin<B>>]>) -> Self {
+        Self { host: Default::default(), passes: Default::default(), devices }
+    }
+
     /// The collected build side, collected by `collect` if no device has
     /// asked before.
     async fn take(&self, collect: impl Future<Output = Result<HostBuild>>) -> Result<HostBuild> {
         let host = self.host.get_or_init(|| async { collect.await.map_err(Arc::new) }).await;
         host.clone().map_err(DataFusionError::Shared)
+    }
+
+    /// The build side in passes over every device, pass `j` on the
+    /// `j mod n`-th: split by `split` into at least `passes` passes, as
+    /// many on each device, if no device has split it before.
+    async fn passes<F, Fut>(&self, passes: usize, split: F) -> Result<Arc<BuildPasses<B>>>
+    where
+        F: FnOnce(usize) -> Fut,
+        Fut: Future<Output = Result<Vec<RecordBatch>>>,
+    {
+        let devices = self.devices.len().max(1);
+        let passes = passes.max(devices).next_multiple_of(devices);
+        let split = || async {
+            let pieces = split(passes).await.map_err(Arc::new)?;
+            Ok(Arc::new(BuildPasses::new(pieces, Arc::clone(&self.devices))))
+        };
+        self.passes.get_or_init(split).await.clone().map_err(DataFusionError::Shared)
     }
 }
 
@@ -399,12 +426,13 @@ impl<B: JoinBackend> DeviceJoin<B> {
         options: &GpuJoinConfig,
         partition: usize,
         rows_in: Arc<AtomicUsize>,
+        shared: Option<&Arc<SharedCollection<B>>>,
     ) -> Result<PendingBuild<B>> {
-        let host = match &inputs.shared_build {
+        let host = match shared {
             Some(shared) => shared.take(self.collect_host(inputs, partition, rows_in)).await?,
             None => self.collect_host(inputs, partition, rows_in).await?,
         };
-        self.start_placing(host, inputs, options, partition)
+        self.start_placing(host, inputs, options, partition, shared.cloned())
     }
 
     /// Partition `partition` of the build input in host memory, less the
@@ -458,13 +486,15 @@ impl<B: JoinBackend> DeviceJoin<B> {
     }
 
     /// Starts placing a collected build side on the device (or in passes,
-    /// or with DataFusion's operator) on a task of its own.
+    /// or with DataFusion's operator) on a task of its own; `shared`, the
+    /// collection of one the join's devices share.
     fn start_placing(
         self: &Arc<Self>,
         host: HostBuild,
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
         partition: usize,
+        shared: Option<Arc<SharedCollection<B>>>,
     ) -> Result<PendingBuild<B>> {
         let counters = Arc::new(DeviceCounters::default());
         let faults = InjectedAllocationFailures::of(inputs.context.session_config());
@@ -494,6 +524,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             right: Arc::clone(&inputs.right),
             mode: inputs.mode,
             partition,
+            shared,
         };
         // The task holds the join's parts, not the runner: dropping the plan
         // drops the runner's cell and with it the last holder of the task.
@@ -521,7 +552,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
 
     /// Prepares a build side that fits whole, splits one that does not;
     /// `planned` hears of the whole one's probe plan.
-    async fn place(&self, input: CollectedInput<B>, planned: &PlanSender) -> Result<Arc<CollectedBuild<B>>> {
+    async fn place(self: &Arc<Self>, input: CollectedInput<B>, planned: &PlanSender) -> Result<Arc<CollectedBuild<B>>> {
         let CollectedInput {
             backend,
             metrics,
@@ -538,6 +569,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             right,
             mode,
             partition,
+            shared,
         } = input;
         let mut timer = metrics.build_collect_time.timer();
         let sortable = self.keys_sort_on_device(ranges.as_ref())?;
@@ -629,14 +661,19 @@ impl<B: JoinBackend> DeviceJoin<B> {
             let swappable = swappable.then(|| SwappableBuild { batches: build, reason });
             return Ok(Arc::new(CollectedBuild::OnCpu { join, swappable, _reservation: reservation }));
         }
-        metrics.build_passes.add(passes);
         let keys = self.definition.build_keys.clone();
-        let pieces = run_blocking("splitting the build side into passes", move || {
-            on_build_pool(|| split_into_passes(&schema, &batches, &keys, passes))
-        })
-        .await?;
+        let split = |passes: usize| {
+            metrics.build_passes.add(passes);
+            run_blocking("splitting the build side into passes", move || {
+                on_build_pool(|| split_into_passes(&schema, &batches, &keys, passes))
+            })
+        };
+        let passes = match shared {
+            Some(shared) => shared.passes(passes, split).await?,
+            None => Arc::new(BuildPasses::new(split(passes).await?, Arc::new([Arc::clone(self)]))),
+        };
         timer.done();
-        Ok(Arc::new(CollectedBuild::Passes { passes: Arc::new(BuildPasses::new(pieces)), _reservation: reservation }))
+        Ok(Arc::new(CollectedBuild::Passes { passes, _reservation: reservation }))
     }
 
     /// Whether the build side's keys, of these spans, sort on the device
@@ -669,7 +706,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         planned: Option<&PlanSender>,
     ) -> Result<BuildSide<B>> {
         let _compute = metrics.baseline.elapsed_compute().timer();
-        let admission = self.admission();
+        let (admission, build_rows) = (self.admission(), rows.rows());
         let permit = admitted(metrics, admission.shared(options.concurrent_tasks)).await?;
         let prepared = match self.prepare(backend, metrics, rows.clone(), ranges.clone(), keys, planned).await {
             Err(e) if is_out_of_memory(&e) => {
@@ -682,6 +719,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
             prepared => prepared,
         }?;
         self.chosen.record(prepared.choice());
+        metrics.built_on(self.index, build_rows);
         Ok(prepared)
     }
 

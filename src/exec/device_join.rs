@@ -13,6 +13,8 @@ use crate::backend::{Admission, DeviceCounters, JoinBackend};
 /// join for what the device cannot take.
 pub(crate) struct DeviceJoin<B: JoinBackend> {
     pub device: B::Device,
+    /// The device's place among the join's devices.
+    pub index: usize,
     pub definition: Arc<JoinDefinition>,
     /// DataFusion's join, for chunks the device cannot take.
     pub twin: Arc<HashJoinExec>,

@@ -6,7 +6,6 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::PartitionMode;
 
-use super::build::SharedCollection;
 use super::filters_from_above::RowReduction;
 use super::metrics::GpuJoinMetrics;
 use super::probe_filter::ProbeFilter;
@@ -30,9 +29,6 @@ pub(crate) struct PartitionInputs {
     pub as_planned: bool,
     /// The limits it joins within (smaller only in tests).
     pub limits: JoinLimits,
-    /// The host collection of the one build side that the devices of a
-    /// `CollectLeft` join spread over share ([`super::spread`]).
-    pub shared_build: Option<Arc<SharedCollection>>,
 }
 
 /// The dynamic filters of joins above that each input's rows go through

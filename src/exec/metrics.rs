@@ -1,5 +1,8 @@
 //! What `EXPLAIN ANALYZE` shows for a GPU join, per output partition.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time};
 
 use crate::algorithms::PhaseTimers;
@@ -48,11 +51,18 @@ pub(crate) struct GpuJoinMetrics {
     pub bytes_to_device: Count,
     pub bytes_from_device: Count,
     pub peak_device_memory: Gauge,
-    /// The device's share, where the join spreads over several.
-    device_share: Option<DeviceShare>,
+    /// Each device's share, in the order of the join's devices, where it
+    /// spreads over several; none otherwise.
+    device_shares: Arc<[DeviceShare]>,
+    /// The device the partition runs on, among them; passes of a build
+    /// side split over the devices are joined on the others.
+    home: usize,
+    /// Output rows and time credited to devices other than `home`, which
+    /// gets the rest when the partition ends.
+    credited_elsewhere: (Count, Time),
 }
 
-/// What one device did for the partitions it ran, named after its
+/// What one device did for the partitions it served, named after its
 /// ordinal (`device1_output_rows`, …), so that `EXPLAIN ANALYZE` shows each
 /// device's part beside the join's totals.
 #[derive(Debug, Clone)]
@@ -61,12 +71,29 @@ struct DeviceShare {
     bytes_moved: Count,
     time: Time,
     peak_memory: Gauge,
+    /// Build rows prepared on the device: all of them on each device that
+    /// holds a whole copy, its passes' where the build side is split over
+    /// the devices.
+    build_rows: Count,
+}
+
+impl DeviceShare {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize, ordinal: usize) -> Self {
+        let named = |what: &str| format!("device{ordinal}_{what}");
+        Self {
+            output_rows: MetricBuilder::new(metrics).counter(named("output_rows"), partition),
+            bytes_moved: MetricBuilder::new(metrics).counter(named("bytes_moved"), partition),
+            time: MetricBuilder::new(metrics).subset_time(named("time"), partition),
+            peak_memory: MetricBuilder::new(metrics).gauge(named("peak_memory"), partition),
+            build_rows: MetricBuilder::new(metrics).counter(named("build_rows"), partition),
+        }
+    }
 }
 
 impl GpuJoinMetrics {
-    /// The metrics of partition `partition`, which runs on the device of
-    /// ordinal `device` where the join spreads over several.
-    pub fn new(metrics: &ExecutionPlanMetricsSet, partition: usize, device: Option<usize>) -> Self {
+    /// The metrics of partition `partition` of a join over the devices of
+    /// ordinals `devices`, which runs on the `home`-th of them.
+    pub fn new(metrics: &ExecutionPlanMetricsSet, partition: usize, devices: &[usize], home: usize) -> Self {
         let time = |name: &'static str| MetricBuilder::new(metrics).subset_time(name, partition);
         let count = |name: &'static str| MetricBuilder::new(metrics).counter(name, partition);
         Self {
@@ -92,33 +119,62 @@ impl GpuJoinMetrics {
             bytes_to_device: count("bytes_to_device"),
             bytes_from_device: count("bytes_from_device"),
             peak_device_memory: MetricBuilder::new(metrics).gauge("peak_device_memory", partition),
-            device_share: device.map(|ordinal| DeviceShare {
-                output_rows: MetricBuilder::new(metrics).counter(format!("device{ordinal}_output_rows"), partition),
-                bytes_moved: MetricBuilder::new(metrics).counter(format!("device{ordinal}_bytes_moved"), partition),
-                time: MetricBuilder::new(metrics).subset_time(format!("device{ordinal}_time"), partition),
-                peak_memory: MetricBuilder::new(metrics).gauge(format!("device{ordinal}_peak_memory"), partition),
-            }),
+            device_shares: match devices.len() {
+                0 | 1 => Arc::new([]),
+                _ => devices.iter().map(|&ordinal| DeviceShare::new(metrics, partition, ordinal)).collect(),
+            },
+            home,
+            credited_elsewhere: (Count::new(), Time::new()),
         }
     }
 
-    /// Adds what the backend counted while serving this partition.
+    /// Adds what the backend counted on the partition's own device.
     pub fn record_device(&self, counters: &DeviceCounters) {
+        self.record_device_on(self.home, counters);
+    }
+
+    /// Adds what the backend counted on the `device`-th of the join's
+    /// devices while serving this partition.
+    pub fn record_device_on(&self, device: usize, counters: &DeviceCounters) {
         self.bytes_to_device.add(counters.bytes_to_device() as usize);
         self.bytes_from_device.add(counters.bytes_from_device() as usize);
         self.peak_device_memory.set_max(counters.peak() as usize);
-        if let Some(share) = &self.device_share {
+        if let Some(share) = self.device_shares.get(device) {
             share.bytes_moved.add((counters.bytes_to_device() + counters.bytes_from_device()) as usize);
             share.peak_memory.set_max(counters.peak() as usize);
         }
     }
 
-    /// Ends the partition: its output rows and time added to its device's
-    /// share.
+    /// `rows` build rows were prepared on the `device`-th device.
+    pub fn built_on(&self, device: usize, rows: usize) {
+        if let Some(share) = self.device_shares.get(device) {
+            share.build_rows.add(rows);
+        }
+    }
+
+    /// Credits output rows and time of this partition to the `device`-th
+    /// device, which joined them, rather than to the partition's own.
+    pub fn credit(&self, device: usize, rows: usize, time: Duration) {
+        if device == self.home {
+            return;
+        }
+        if let Some(share) = self.device_shares.get(device) {
+            share.output_rows.add(rows);
+            share.time.add_duration(time);
+            self.credited_elsewhere.0.add(rows);
+            self.credited_elsewhere.1.add_duration(time);
+        }
+    }
+
+    /// Ends the partition: its output rows and time not credited to other
+    /// devices added to its own device's share.
     pub fn done(&self) {
         self.baseline.done();
-        if let Some(share) = &self.device_share {
-            share.output_rows.add(self.baseline.output_rows().value());
-            share.time.add_duration(std::time::Duration::from_nanos(self.baseline.elapsed_compute().value() as u64));
+        if let Some(share) = self.device_shares.get(self.home) {
+            let (rows, time) = (&self.credited_elsewhere.0, &self.credited_elsewhere.1);
+            share.output_rows.add(self.baseline.output_rows().value().saturating_sub(rows.value()));
+            let own = self.baseline.elapsed_compute().value().saturating_sub(time.value());
+            share.time.add_duration(Duration::from_nanos(own as u64));
         }
     }
 }

@@ -310,12 +310,11 @@ impl GpuJoinExec {
         &self.devices
     }
 
-    /// The ordinal of the device partition `partition` runs on, where the
-    /// join spreads over several.
-    fn device_of(&self, partition: usize) -> Option<usize> {
+    /// The index among its devices of the one partition `partition` runs
+    /// on.
+    fn device_of(&self, partition: usize) -> usize {
         let spreads = spread::spreads_one_build_side(&self.definition);
-        let index = spread::device_of(partition, self.partition_mode(), self.devices.len(), spreads);
-        self.devices.get(index).map(|(ordinal, _)| *ordinal).filter(|_| self.devices.len() > 1)
+        spread::device_of(partition, self.partition_mode(), self.devices.len(), spreads)
     }
 
     pub fn replaces(&self) -> ReplacedOperator {
@@ -494,11 +493,10 @@ impl ExecutionPlan for GpuJoinExec {
             right: Arc::clone(self.right()),
             mode,
             fetch: self.twin.fetch(),
-            metrics: GpuJoinMetrics::new(&self.metrics, partition, self.device_of(partition)),
+            metrics: GpuJoinMetrics::new(&self.metrics, partition, &self.devices.ordinals(), self.device_of(partition)),
             probe_filter,
             reductions: reductions.clone(),
             as_planned: self.as_planned,
-            shared_build: None,
         })
     }
 

@@ -36,6 +36,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
@@ -49,13 +50,14 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc::Sender;
 use tokio::sync::oneshot;
 
-use super::build::{CollectedBuild, PendingBuild};
+use super::build::{CollectedBuild, PendingBuild, SharedCollection};
 use super::device_build::DeviceBuild;
 use super::device_join::DeviceJoin;
 use super::filters_from_above::reduced;
 use super::handoff::{DataFusionJoin, HandedOver, Handover, hand_over};
 use super::in_key_order::join_partition_in_key_order;
 use super::inputs::PartitionInputs;
+use super::metrics::GpuJoinMetrics;
 use super::output::OutputSender;
 use super::passes::{BuildPasses, ProbeByPass, split_probe_by_pass};
 use super::probe_stages::{ProbeEnd, join_probe_side};
@@ -88,11 +90,24 @@ enum PartitionState<B: JoinBackend> {
 
 impl<B: JoinBackend> JoinRunner for Runner<B> {
     fn execute(self: Arc<Self>, inputs: PartitionInputs) -> Result<SendableRecordBatchStream> {
+        self.execute_sharing(inputs, None)
+    }
+}
+
+impl<B: JoinBackend> Runner<B> {
+    /// Runs one output partition; `shared`: the collection of the one
+    /// build side that the devices of a `CollectLeft` join spread over
+    /// share ([`super::spread`]).
+    pub(super) fn execute_sharing(
+        self: Arc<Self>,
+        inputs: PartitionInputs,
+        shared: Option<Arc<SharedCollection<B>>>,
+    ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.join.definition.output_schema);
         let mut builder = RecordBatchReceiverStreamBuilder::new(schema, 2);
         let tx = builder.tx();
         let (handover, handed) = oneshot::channel();
-        builder.spawn(async move { run_partition(self, inputs, tx, handover).await });
+        builder.spawn(async move { run_partition(self, inputs, shared, tx, handover).await });
         Ok(Box::pin(HandedOver::new(builder.build(), handed)))
     }
 }
@@ -102,6 +117,7 @@ impl<B: JoinBackend> JoinRunner for Runner<B> {
 async fn run_partition<B: JoinBackend>(
     runner: Arc<Runner<B>>,
     inputs: PartitionInputs,
+    shared: Option<Arc<SharedCollection<B>>>,
     tx: Sender<Result<RecordBatch>>,
     handover: Handover,
 ) -> Result<()> {
@@ -116,6 +132,7 @@ async fn run_partition<B: JoinBackend>(
             runner: &runner,
             build_backend: runner.join.open_backend(Arc::clone(&build_counters))?,
             cell: runner.build_cell(inputs.mode)?,
+            shared,
             inputs: &inputs,
             options: &options,
             counters: &counters,
@@ -146,6 +163,8 @@ struct PartitionDriver<'a, B: JoinBackend> {
     /// Where the build side will be: shared by every partition in
     /// `CollectLeft` mode, the partition's own otherwise.
     cell: BuildCell<B>,
+    /// The collection of a build side the join's devices share.
+    shared: Option<Arc<SharedCollection<B>>>,
     /// `None` once a stream is handed over.
     handover: Option<Handover>,
 }
@@ -190,6 +209,21 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         }
     }
 
+    /// As [`Self::probing`], on `other`, another of the join's devices,
+    /// whose instances count in `elsewhere`.
+    fn probing_on<'b>(
+        &self,
+        other: &'b DeviceJoin<B>,
+        elsewhere: &'b mut Elsewhere<B>,
+        build: BuildSource<B>,
+    ) -> Result<Probing<'b, B>>
+    where
+        'a: 'b,
+    {
+        let (counters, build_backend) = elsewhere.on(other)?;
+        Ok(Probing { join: other, build, build_backend, inputs: self.inputs, options: self.options, counters })
+    }
+
     /// Collects the build side, reading the probe side ahead where that
     /// pays: only for a build side that may still go to DataFusion's
     /// operator. A larger one goes to the device, which waits for its
@@ -204,7 +238,7 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         let (inputs, options) = (self.inputs, self.options);
         let ahead = MemoryConsumer::new(format!("GpuJoinProbeAhead[{}]", inputs.partition))
             .register(inputs.context.memory_pool());
-        let collected = self.runner.pending_build(&self.cell, inputs, options);
+        let collected = self.runner.pending_build(&self.cell, inputs, options, self.shared.as_ref());
         let (rows_in, min_build_rows) = (Arc::clone(&self.cell.rows_in), options.min_build_rows);
         let small_so_far = move || rows_in.load(Ordering::Relaxed) < min_build_rows;
         let read_ahead_rows = match (inputs.mode, &inputs.probe_filter) {
@@ -286,9 +320,11 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
     }
 
     /// Splits the partition's probe rows by pass, then joins them pass by
-    /// pass, a pass already on the device first. Every pass counts as
-    /// needed by the partition from the start, so that partitions still
-    /// splitting do not see the first passes evicted by those done.
+    /// pass, a pass already on its device first, each on the device that
+    /// holds it (another of the join's devices where the build side is
+    /// split over them). Every pass counts as needed by the partition from
+    /// the start, so that partitions still splitting do not see the first
+    /// passes evicted by those done.
     async fn probe_in_passes(
         &self,
         pending: PendingBuild<B>,
@@ -303,19 +339,54 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         for pass in (0..pieces.len()).filter(|&pass| pieces[pass].is_empty()) {
             to_join.done(pass);
         }
-        while let Some(pass) = to_join.next() {
-            let batches = std::mem::take(&mut pieces[pass]);
-            // The probe stages account for the batches from here on.
-            reservation.shrink(batches.iter().map(held_bytes).sum());
-            let mut probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
-            let probing = self.probing(BuildSource::Pass(Arc::clone(&passes), pass));
-            let finished = join_probe_side(&probing, &mut probe, output).await?.joined()?;
-            to_join.done(pass);
-            if !finished {
-                return Ok(PartitionState::Done);
+        let mut elsewhere = Elsewhere::default();
+        let joined = async {
+            while let Some(pass) = to_join.next() {
+                let batches = std::mem::take(&mut pieces[pass]);
+                // The probe stages account for the batches from here on.
+                reservation.shrink(batches.iter().map(held_bytes).sum());
+                let mut probe = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
+                let finished = self.join_pass(&passes, pass, &mut probe, &mut elsewhere, output).await?;
+                to_join.done(pass);
+                if !finished {
+                    return Ok(false);
+                }
             }
+            Ok(true)
+        };
+        let joined: Result<bool> = joined.await;
+        // Wherever it ended, as the partition's own device's counters are.
+        elsewhere.record(&self.inputs.metrics);
+        Ok(match joined? {
+            true => PartitionState::FinishBuildSide(pending),
+            false => PartitionState::Done,
+        })
+    }
+
+    /// Joins `probe`, the partition's rows of pass `pass`, on the device
+    /// holding the pass; on another of the join's devices, whose share of
+    /// the metrics gets the output rows and the time. False where no more
+    /// output is wanted.
+    async fn join_pass(
+        &self,
+        passes: &Arc<BuildPasses<B>>,
+        pass: usize,
+        probe: &mut ProbeInput,
+        elsewhere: &mut Elsewhere<B>,
+        output: &mut OutputSender<'_>,
+    ) -> Result<bool> {
+        let build = BuildSource::Pass(Arc::clone(passes), pass);
+        let device = passes.device_of(pass)?;
+        if device.index == self.join().index {
+            return join_probe_side(&self.probing(build), probe, output).await?.joined();
         }
-        Ok(PartitionState::FinishBuildSide(pending))
+        let (metrics, baseline) = (&self.inputs.metrics, &self.inputs.metrics.baseline);
+        let (rows, time) = (baseline.output_rows().value(), baseline.elapsed_compute().value());
+        let finished = join_probe_side(&self.probing_on(device, elsewhere, build)?, probe, output).await?.joined()?;
+        let rows = baseline.output_rows().value().saturating_sub(rows);
+        let time = Duration::from_nanos(baseline.elapsed_compute().value().saturating_sub(time) as u64);
+        metrics.credit(device.index, rows, time);
+        Ok(finished)
     }
 
     /// DataFusion's operator joins the build side's host copy with the
@@ -391,6 +462,45 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         drop((compute, permit));
         output.send_all(batches).await?;
         Ok(())
+    }
+}
+
+/// The instances a partition opened on the join's other devices, for the
+/// passes they hold, each device's with counters of its own.
+struct Elsewhere<B: JoinBackend> {
+    devices: Vec<(usize, Arc<DeviceCounters>, B, CancelOnDrop)>,
+}
+
+impl<B: JoinBackend> Default for Elsewhere<B> {
+    fn default() -> Self {
+        Self { devices: vec![] }
+    }
+}
+
+impl<B: JoinBackend> Elsewhere<B> {
+    /// The counters and build-side instance on `device`, opened when first
+    /// asked for.
+    fn on(&mut self, device: &DeviceJoin<B>) -> Result<(&Arc<DeviceCounters>, B)> {
+        let at = match self.devices.iter().position(|(index, ..)| *index == device.index) {
+            Some(at) => at,
+            None => {
+                let counters = Arc::new(DeviceCounters::default());
+                let backend = device.open_backend(Arc::clone(&counters))?;
+                let cancel = CancelOnDrop(Arc::clone(&counters));
+                self.devices.push((device.index, counters, backend, cancel));
+                self.devices.len() - 1
+            }
+        };
+        let (_, counters, backend, _) = &self.devices[at];
+        Ok((counters, backend.clone()))
+    }
+
+    /// Adds what each device counted to its share of the partition's
+    /// metrics.
+    fn record(&self, metrics: &GpuJoinMetrics) {
+        for (index, counters, ..) in &self.devices {
+            metrics.record_device_on(*index, counters);
+        }
     }
 }
 

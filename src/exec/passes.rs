@@ -2,8 +2,11 @@
 //!
 //! A build side whose transformed relation would not fit a quarter of the
 //! device budget is split on the host, by a hash of its keys, into passes
-//! that do; two passes may then be resident while partitions move from one
-//! to the next. Each probe partition splits its input by the same hash,
+//! that do; two passes per device may then be resident while partitions
+//! move from one to the next. Pass `j` is held by the `j mod n`-th of the
+//! `n` devices it is split over: one, or every device of a join whose one
+//! build side they share ([`super::spread`]), so that each partition sends
+//! a pass's probe rows to the device that holds it. Each probe partition splits its input by the same hash,
 //! holds it on the host (in DataFusion's memory pool) and joins it pass by
 //! pass. Equal keys hash alike, so every match of a probe row lies in the
 //! row's own pass and each probe row is joined exactly once: only joins
@@ -40,6 +43,7 @@ use rayon::prelude::*;
 use tokio::sync::OnceCell;
 
 use super::device_build::DeviceBuild;
+use super::device_join::DeviceJoin;
 use super::inputs::PartitionInputs;
 use super::staging::held_bytes;
 use crate::algorithms::BuildSide;
@@ -49,7 +53,7 @@ use crate::backend::JoinBackend;
 /// every radix partition of the pass.
 const PASS_HASH_STATE: RandomState = RandomState::with_seed(0x7061_7373);
 
-/// Passes resident on the device at once.
+/// Passes resident on each device at once.
 const RESIDENT_PASSES: usize = 2;
 
 /// How long a pass that partitions still need may sit idle before it is
@@ -242,16 +246,30 @@ pub(crate) struct BuildPasses<B: JoinBackend> {
     /// with it.
     needed: Vec<AtomicUsize>,
     resident: Mutex<Vec<Resident<B>>>,
+    /// The devices that hold the passes, pass `j` the `j mod n`-th.
+    devices: Arc<[Arc<DeviceJoin<B>>]>,
 }
 
 impl<B: JoinBackend> BuildPasses<B> {
-    pub fn new(pieces: Vec<RecordBatch>) -> Self {
+    pub fn new(pieces: Vec<RecordBatch>, devices: Arc<[Arc<DeviceJoin<B>>]>) -> Self {
         let needed = pieces.iter().map(|_| AtomicUsize::new(0)).collect();
-        Self { pieces, needed, resident: Mutex::default() }
+        Self { pieces, needed, resident: Mutex::default(), devices }
     }
 
     pub fn count(&self) -> usize {
         self.pieces.len()
+    }
+
+    /// The device that holds pass `pass`.
+    pub fn device_of(&self, pass: usize) -> Result<&Arc<DeviceJoin<B>>> {
+        self.devices
+            .get(pass % self.devices.len().max(1))
+            .ok_or_else(|| DataFusionError::Internal("GPU join: build passes on no device".into()))
+    }
+
+    /// The index among [`Self::devices`] of the device holding `pass`.
+    fn holder(&self, pass: usize) -> usize {
+        pass % self.devices.len().max(1)
     }
 
     /// A partition's passes, every one needed until the partition has
@@ -263,7 +281,7 @@ impl<B: JoinBackend> BuildPasses<B> {
         PassesToJoin { passes: self, remaining: (0..self.count()).collect() }
     }
 
-    /// Pass `pass` on the device, prepared by `prepare` from its build rows
+    /// Pass `pass` on its device, prepared by `prepare` from its build rows
     /// if it is not there. Waits while the device holds as many passes as
     /// it may and none of them can go (see [`Self::resident_cell`]).
     pub async fn acquire<F, Fut>(&self, pass: usize, prepare: F) -> Result<Arc<DeviceBuild<B>>>
@@ -294,10 +312,11 @@ impl<B: JoinBackend> BuildPasses<B> {
         prepared.map_err(DataFusionError::Shared)
     }
 
-    /// The cell of `pass`, made resident if there is room; `None` while
-    /// there is none. Room is made by evicting an idle pass: at once one
-    /// that no partition needs any more, after [`PASS_IDLE_GRACE`] one that
-    /// partitions still need, which would have to be prepared again.
+    /// The cell of `pass`, made resident if there is room on its device;
+    /// `None` while there is none. Room is made by evicting an idle pass of
+    /// the same device: at once one that no partition needs any more, after
+    /// [`PASS_IDLE_GRACE`] one that partitions still need, which would have
+    /// to be prepared again.
     fn resident_cell(&self, pass: usize) -> Result<Option<PassCell<B>>> {
         let mut resident =
             self.resident.lock().map_err(|_| DataFusionError::Internal("GPU join pass lock poisoned".into()))?;
@@ -313,14 +332,20 @@ impl<B: JoinBackend> BuildPasses<B> {
                 false => _ = r.idle_since.get_or_insert(now),
             }
         }
-        if resident.len() >= RESIDENT_PASSES {
+        let holder = self.holder(pass);
+        let beside = |resident: &[Resident<B>]| -> Vec<usize> {
+            (0..resident.len()).filter(|&i| self.holder(resident[i].pass) == holder).collect()
+        };
+        let on_device = beside(&resident);
+        if on_device.len() >= RESIDENT_PASSES {
             let needed = |pass: usize| self.needed.get(pass).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
-            let states: Vec<_> = resident.iter().map(|r| (r.idle_since, needed(r.pass))).collect();
+            let states: Vec<_> =
+                on_device.iter().map(|&i| (resident[i].idle_since, needed(resident[i].pass))).collect();
             if let Some(i) = victim(&states, now) {
-                resident.swap_remove(i);
+                resident.swap_remove(on_device[i]);
             }
         }
-        if resident.len() >= RESIDENT_PASSES {
+        if beside(&resident).len() >= RESIDENT_PASSES {
             return Ok(None);
         }
         let cell = Arc::new(OnceCell::new());

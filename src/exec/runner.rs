@@ -16,7 +16,7 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use tokio::sync::OnceCell;
 
-use super::build::PendingBuild;
+use super::build::{PendingBuild, SharedCollection};
 use super::chosen::ChosenStrategies;
 use super::device_join::DeviceJoin;
 use super::inputs::PartitionInputs;
@@ -40,43 +40,49 @@ pub(crate) fn runner_for(
     probe_partitions: usize,
     chosen: Arc<ChosenStrategies>,
 ) -> Arc<dyn JoinRunner> {
+    let join = JoinParts { definition, twin, probe_partitions, chosen };
+    // A join's devices are all of one backend.
+    match devices.first() {
+        BackendHandle::Cpu => runner_over::<CpuBackend>(devices.iter().map(|_| ()).collect(), join),
+        BackendHandle::Cuda(_) => {
+            let cuda = devices.iter().filter_map(|(_, backend)| match backend {
+                BackendHandle::Cuda(device) => Some(Arc::clone(device)),
+                BackendHandle::Cpu => None,
+            });
+            runner_over::<CudaBackend>(cuda.collect(), join)
+        }
+    }
+}
+
+/// What every device's runner of a join is made of.
+struct JoinParts {
+    definition: Arc<JoinDefinition>,
+    twin: Arc<HashJoinExec>,
+    probe_partitions: usize,
+    chosen: Arc<ChosenStrategies>,
+}
+
+fn runner_over<B: JoinBackend>(devices: Vec<B::Device>, join: JoinParts) -> Arc<dyn JoinRunner> {
+    let JoinParts { definition, twin, probe_partitions, chosen } = join;
     let (mode, count) = (*twin.partition_mode(), devices.len());
     let spreads = spreads_one_build_side(&definition);
     // The probe partitions each device runs, of which its last emits what a
     // shared build side's flags say.
     let partitions_on =
         |device| (0..probe_partitions).filter(|&p| device_of(p, mode, count, spreads) == device).count();
-    let mut runners: Vec<_> = devices
-        .iter()
+    let mut runners: Vec<Arc<Runner<B>>> = devices
+        .into_iter()
         .enumerate()
-        .map(|(device, (_, backend))| {
+        .map(|(index, device)| {
+            let probe_chunks = ProbeChunkPolicy::for_join(&definition);
             let (definition, twin, chosen) = (Arc::clone(&definition), Arc::clone(&twin), Arc::clone(&chosen));
-            device_runner(backend, definition, twin, partitions_on(device), chosen)
+            let join = DeviceJoin::<B> { device, index, definition, twin, chosen, probe_chunks };
+            Arc::new(Runner::new(join, partitions_on(index)))
         })
         .collect();
     match runners.len() {
         1 => runners.remove(0),
         _ => Arc::new(Spread::new(runners, spreads, probe_partitions)),
-    }
-}
-
-fn device_runner(
-    backend: &BackendHandle,
-    definition: Arc<JoinDefinition>,
-    twin: Arc<HashJoinExec>,
-    probe_partitions: usize,
-    chosen: Arc<ChosenStrategies>,
-) -> Arc<dyn JoinRunner> {
-    let probe_chunks = ProbeChunkPolicy::for_join(&definition);
-    match backend {
-        BackendHandle::Cpu => Arc::new(Runner::<CpuBackend>::new(
-            DeviceJoin { device: (), definition, twin, chosen, probe_chunks },
-            probe_partitions,
-        )),
-        BackendHandle::Cuda(device) => Arc::new(Runner::<CudaBackend>::new(
-            DeviceJoin { device: Arc::clone(device), definition, twin, chosen, probe_chunks },
-            probe_partitions,
-        )),
     }
 }
 
@@ -136,12 +142,14 @@ impl<B: JoinBackend> Runner<B> {
     }
 
     /// The build side in `cell`, collected by the first partition that
-    /// asks and placed by a task of its own.
+    /// asks (or taken from the collection `shared` by the join's devices)
+    /// and placed by a task of its own.
     pub async fn pending_build(
         &self,
         cell: &BuildCell<B>,
         inputs: &PartitionInputs,
         options: &GpuJoinConfig,
+        shared: Option<&Arc<SharedCollection<B>>>,
     ) -> Result<PendingBuild<B>> {
         let partition = match inputs.mode {
             PartitionMode::CollectLeft => 0,
@@ -150,7 +158,7 @@ impl<B: JoinBackend> Runner<B> {
         let rows_in = Arc::clone(&cell.rows_in);
         cell.pending
             .get_or_init(|| async {
-                self.join.collect_build(inputs, options, partition, rows_in).await.map_err(Arc::new)
+                self.join.collect_build(inputs, options, partition, rows_in, shared).await.map_err(Arc::new)
             })
             .await
             .clone()

@@ -5,10 +5,13 @@
 //! join has a build side of its own and runs on the `p mod n`-th device. So
 //! does partition `p` of a `CollectLeft` join whose probe chunks join on
 //! their own ([`spreads_one_build_side`]): its one build side is collected
-//! once into host memory ([`SharedCollection`]) and placed on every device
-//! that has probe partitions. A `CollectLeft` join that keeps flags of its
-//! matched build rows, which the last partition to finish reads, keeps them
-//! in one place: it runs on the first device.
+//! once into host memory ([`SharedCollection`]) and placed whole on every
+//! device that has probe partitions, or, where it does not fit one device,
+//! split once by a hash of its keys into passes that the devices hold in
+//! turn, pass `j` on device `j mod n`: each partition sends the probe rows
+//! of a pass to the device that holds it. A `CollectLeft` join that keeps
+//! flags of its matched build rows, which the last partition to finish
+//! reads, keeps them in one place: it runs on the first device.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -18,9 +21,11 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::joins::PartitionMode;
 
 use super::build::SharedCollection;
+use super::device_join::DeviceJoin;
 use super::inputs::PartitionInputs;
-use super::runner::JoinRunner;
+use super::runner::{JoinRunner, Runner};
 use crate::algorithms::JoinDefinition;
+use crate::backend::JoinBackend;
 
 /// Whether the probe partitions of a `CollectLeft` join take turns over
 /// the devices, each device placing the build side: where each probe chunk
@@ -44,53 +49,60 @@ pub(crate) fn device_of(partition: usize, mode: PartitionMode, devices: usize, o
 
 /// The runners of a join's devices, one each, in the order of
 /// `gpu_join.devices`.
-pub(crate) struct Spread {
-    runners: Vec<Arc<dyn JoinRunner>>,
+pub(crate) struct Spread<B: JoinBackend> {
+    runners: Vec<Arc<Runner<B>>>,
     /// As [`spreads_one_build_side`] says of the join.
     one_build_side_spreads: bool,
     probe_partitions: usize,
     /// The collection the partitions of the current execution of a
     /// `CollectLeft` join share, and how many of them were sent to it.
-    shared: Mutex<(Arc<SharedCollection>, usize)>,
+    shared: Mutex<(Arc<SharedCollection<B>>, usize)>,
 }
 
-impl Spread {
+impl<B: JoinBackend> Spread<B> {
     /// `one_build_side_spreads` as [`spreads_one_build_side`] says of the
     /// join.
-    pub fn new(runners: Vec<Arc<dyn JoinRunner>>, one_build_side_spreads: bool, probe_partitions: usize) -> Self {
-        let shared = Mutex::new((Arc::default(), 0));
+    pub fn new(runners: Vec<Arc<Runner<B>>>, one_build_side_spreads: bool, probe_partitions: usize) -> Self {
+        let collection = Self::fresh_collection(&runners);
+        let shared = Mutex::new((collection, 0));
         Self { one_build_side_spreads, runners, probe_partitions, shared }
+    }
+
+    fn fresh_collection(runners: &[Arc<Runner<B>>]) -> Arc<SharedCollection<B>> {
+        let devices: Vec<Arc<DeviceJoin<B>>> = runners.iter().map(|runner| Arc::clone(&runner.join)).collect();
+        Arc::new(SharedCollection::new(devices.into()))
     }
 
     /// The collection for the next partition; once every partition of an
     /// execution has its own, the next execution's is a fresh one.
-    fn next_collection(&self) -> Result<Arc<SharedCollection>> {
+    fn next_collection(&self) -> Result<Arc<SharedCollection<B>>> {
         let mut shared =
             self.shared.lock().map_err(|_| DataFusionError::Internal("GPU join: spread lock poisoned".into()))?;
         let (collection, sent) = &mut *shared;
         let next = Arc::clone(collection);
         *sent += 1;
         if *sent >= self.probe_partitions {
-            *shared = (Arc::default(), 0);
+            *shared = (Self::fresh_collection(&self.runners), 0);
         }
         Ok(next)
     }
 }
 
-impl fmt::Debug for Spread {
+impl<B: JoinBackend> fmt::Debug for Spread<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(&self.runners).finish()
     }
 }
 
-impl JoinRunner for Spread {
-    fn execute(self: Arc<Self>, mut inputs: PartitionInputs) -> Result<SendableRecordBatchStream> {
+impl<B: JoinBackend> JoinRunner for Spread<B> {
+    fn execute(self: Arc<Self>, inputs: PartitionInputs) -> Result<SendableRecordBatchStream> {
         let device = device_of(inputs.partition, inputs.mode, self.runners.len(), self.one_build_side_spreads);
-        if inputs.mode == PartitionMode::CollectLeft && self.one_build_side_spreads {
-            inputs.shared_build = Some(self.next_collection()?);
-        }
+        let shared = match inputs.mode == PartitionMode::CollectLeft && self.one_build_side_spreads {
+            true => Some(self.next_collection()?),
+            false => None,
+        };
         match self.runners.get(device) {
-            Some(runner) => Arc::clone(runner).execute(inputs),
+            Some(runner) => Arc::clone(runner).execute_sharing(inputs, shared),
             None => datafusion::common::internal_err!("GPU join: no device {device} among {}", self.runners.len()),
         }
     }
@@ -102,7 +114,7 @@ mod tests {
 
     #[test]
     fn the_partitions_of_one_execution_share_a_collection_and_the_next_gets_its_own() -> Result<()> {
-        let spread = Spread::new(vec![], true, 3);
+        let spread = Spread::<crate::backend::cpu::CpuBackend>::new(vec![], true, 3);
         let first: Vec<_> = (0..3).map(|_| spread.next_collection()).collect::<Result<_>>()?;
         assert!(first.iter().all(|collection| Arc::ptr_eq(collection, &first[0])));
         let next = spread.next_collection()?;
