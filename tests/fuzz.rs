@@ -193,6 +193,10 @@ struct Case {
     /// Devices the join spreads over (`gpu_join.devices`): instances of
     /// their own on the CPU backend, the one GPU listed again on CUDA.
     devices: usize,
+    /// Most build rows per pass (`gpu_join.build_pass_rows`; 0: the budget
+    /// decides): small, a build side is split by key hash into passes, over
+    /// every device where the devices share it.
+    build_pass_rows: usize,
     left: (SchemaRef, Vec<Vec<RecordBatch>>),
     right: (SchemaRef, Vec<Vec<RecordBatch>>),
 }
@@ -204,7 +208,7 @@ impl std::fmt::Debug for Case {
         write!(
             f,
             "seed {} (GPU_JOIN_FUZZ_SEED={} GPU_JOIN_FUZZ_CASES=1): {:?} join on {:?}, {:?}, null_aware={}, filter={} (compared {}, on backend {}), \
-             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, limits {:?}, {} devices, {} build rows, {} probe rows",
+             {}, {} partitions, projection {:?}, {:?}/{:?}, batch_size {}, probe_chunk_rows {}, probe_device_gather_ratio {}, pinned={}, limits {:?}, {} devices, build_pass_rows {}, {} build rows, {} probe rows",
             self.seed,
             self.seed,
             self.join_type,
@@ -225,6 +229,7 @@ impl std::fmt::Debug for Case {
             self.pinned,
             self.limits,
             self.devices,
+            self.build_pass_rows,
             rows(&self.left),
             rows(&self.right),
         )
@@ -353,6 +358,7 @@ fn random_case(seed: u64) -> Case {
             array_values: *[1, 30, 1 << 20].choose(&mut rng).expect("non-empty"),
         }),
         devices: *[1, 1, 2, 3].choose(&mut rng).expect("non-empty"),
+        build_pass_rows: *[0, 0, 0, 7, 100].choose(&mut rng).expect("non-empty"),
         left,
         right,
     }
@@ -446,6 +452,7 @@ async fn run_case(case: &Case) -> Result<(), String> {
     options.probe_chunk_rows = case.probe_chunk_rows;
     options.probe_device_gather_ratio = case.probe_device_gather_ratio;
     options.filter_on_backend = case.filter_on_backend;
+    options.build_pass_rows = case.build_pass_rows;
     if case.build_on_datafusion {
         options.min_build_rows = usize::MAX;
     }
