@@ -373,9 +373,12 @@ extensions_options! {
         /// the rows whose key none of them holds (and those outside their
         /// spans) before it joins them; where they drop fewer than a quarter
         /// of the first 2^20 rows of an input, it stops checking that
-        /// input's rows. Off, the filter only reaches the scans, which skip
-        /// row groups with it. EXPLAIN shows `filters_from_above=[…]` on the
-        /// joins below.
+        /// input's rows. The same holds for the rows an aggregation in the
+        /// join's probe side reads, where the filter reaches them (it reads
+        /// grouping columns only): a `FilteredFromAboveExec` under the
+        /// aggregation drops them before they are grouped. Off, the filter
+        /// only reaches the scans, which skip row groups with it. EXPLAIN
+        /// shows `filters_from_above=[…]` on the joins below.
         pub filters_from_above: bool, default = false
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the

@@ -3,13 +3,14 @@
 //! build side's key span, so that the scan skips what DataFusion's plan
 //! skips; the parent's filters routed through the join as the hash join
 //! routes them; and a GPU join's filter applied by a GPU join below to its
-//! own input rows.
+//! own input rows, and to the rows an aggregation below reads.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::exec::FilteredFromAboveExec;
 use datafusion_gpu_join::replace_joins_as_planned;
 
 use crate::common::{datafusion_context, gpu_context, gpu_joins, physical_plan_text, run, sorted_rows, test_options};
@@ -311,4 +312,59 @@ async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
             assert!(filtered >= dropped, "only {filtered} rows were filtered ({case})\n{text}");
         }
     }
+}
+
+/// With `gpu_join.filters_from_above`, a GPU join's filter that DataFusion
+/// passes through an aggregation, as it does one over grouping columns
+/// only, is applied to the rows the aggregation reads: of 100,000 facts in
+/// 20,000 groups, it reads only the 250 of the 50 groups the join above can
+/// match. For an inner and a semi join in both partition modes, with
+/// DataFusion's rows; a join on an aggregated column gets no filter
+/// through, and an anti join plants none.
+#[tokio::test]
+async fn an_aggregation_below_reads_only_the_groups_the_join_above_can_match() {
+    let grouped = "(SELECT k, sum(v) AS total, count(*) AS n FROM f GROUP BY k) a";
+    let queries = [
+        (format!("SELECT s.k, a.total FROM s JOIN {grouped} ON s.k = a.k"), 50, 99_750),
+        (format!("SELECT a.k, a.total FROM {grouped} WHERE a.k IN (SELECT k FROM s)"), 50, 99_750),
+        (format!("SELECT s.k, a.k FROM s JOIN {grouped} ON s.k + 1 = a.n"), 0, 0),
+        (format!("SELECT a.k FROM {grouped} WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.k = a.k)"), 19_950, 0),
+    ];
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+        for ctx in [&gpu, &datafusion] {
+            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
+            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
+        }
+        for (sql, rows, dropped) in &queries {
+            let case = format!("{sql}, partitioned: {partitioned}");
+            run(&gpu, "SET gpu_join.filters_from_above = false").await;
+            let off = physical_plan_text(&gpu, sql).await;
+            assert!(!off.contains("FilteredFromAboveExec"), "{case}, filters_from_above off:\n{off}");
+            run(&gpu, "SET gpu_join.filters_from_above = true").await;
+            let expected = sorted_rows(&run(&datafusion, sql).await);
+            let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+            let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();
+            assert_eq!(sorted_rows(&batches), expected, "{case}");
+            assert_eq!(expected.len(), *rows, "{case}");
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert!(text.contains("FilteredFromAboveExec"), "{case}\n{text}");
+            let filtered = filtered_under_aggregations(&plan);
+            match dropped {
+                0 => assert_eq!(filtered, 0, "{case}\n{text}"),
+                _ => assert!(filtered >= *dropped, "only {filtered} rows were filtered ({case})\n{text}"),
+            }
+        }
+    }
+}
+
+/// The rows the plan's `FilteredFromAboveExec` nodes dropped.
+fn filtered_under_aggregations(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let own = match plan.downcast_ref::<FilteredFromAboveExec>() {
+        Some(node) => {
+            node.metrics().and_then(|m| m.sum_by_name("rows_filtered_from_above")).map_or(0, |r| r.as_usize())
+        }
+        None => 0,
+    };
+    own + plan.children().into_iter().map(filtered_under_aggregations).sum::<usize>()
 }

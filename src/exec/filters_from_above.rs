@@ -39,7 +39,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::cast::as_boolean_array;
-use datafusion::common::{DataFusionError, JoinSide, Result};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, DynamicFilterPhysicalExpr};
@@ -55,11 +55,13 @@ use tokio::sync::OnceCell;
 use super::as_dynamic_filter;
 use super::probe_filter::ProbeFilter;
 
-/// The dynamic filters from above that the twin routes to the join's
-/// inputs, each in its input's columns.
+/// The dynamic filters from above that reach a node's inputs, each with
+/// the index of its input among the node's children and in that input's
+/// columns: routed by a join's twin, or passed through to the one input of
+/// a [`super::FilteredFromAboveExec`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FiltersFromAbove {
-    filters: Vec<(JoinSide, Arc<DynamicFilterPhysicalExpr>)>,
+    filters: Vec<(usize, Arc<DynamicFilterPhysicalExpr>)>,
 }
 
 impl FiltersFromAbove {
@@ -80,19 +82,29 @@ impl FiltersFromAbove {
         }
         // The `Pre` phase routes the parent's filters and plants none.
         let routed = twin.gather_filters_for_pushdown(FilterPushdownPhase::Pre, dynamic, config)?;
-        let sides = [JoinSide::Left, JoinSide::Right];
         let filters = routed
             .parent_filters()
             .into_iter()
-            .zip(sides)
-            .flat_map(|(filters, side)| {
+            .enumerate()
+            .flat_map(|(input, filters)| {
                 filters
                     .into_iter()
                     .filter(|filter| matches!(filter.discriminant, PushedDown::Yes))
-                    .filter_map(move |filter| as_dynamic_filter(filter.predicate).map(|filter| (side, filter)))
+                    .filter_map(move |filter| as_dynamic_filter(filter.predicate).map(|filter| (input, filter)))
             })
             .collect();
         Ok(Self { filters })
+    }
+
+    /// The dynamic filters among `parent_filters`, for a node whose one
+    /// input has its columns.
+    pub fn passed_through(parent_filters: &[ChildFilterPushdownResult]) -> Self {
+        let dynamic = parent_filters.iter().filter_map(|parent| as_dynamic_filter(Arc::clone(&parent.filter)));
+        Self { filters: dynamic.map(|filter| (0, filter)).collect() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.filters.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -108,9 +120,9 @@ impl FiltersFromAbove {
     /// These filters and those of `other` that are not among them.
     pub fn with(&self, other: Self) -> Self {
         let mut filters = self.filters.clone();
-        for (side, filter) in other.filters {
+        for (input, filter) in other.filters {
             if !self.holds(&filter) {
-                filters.push((side, filter));
+                filters.push((input, filter));
             }
         }
         Self { filters }
@@ -121,19 +133,19 @@ impl FiltersFromAbove {
         self.filters.iter().map(|(_, filter)| Arc::clone(filter) as Arc<dyn PhysicalExpr>)
     }
 
-    /// How many filters go to each input, for `EXPLAIN`.
+    /// How many filters go to each input of a join, for `EXPLAIN`.
     pub fn text(&self) -> String {
-        let count = |wanted| self.filters.iter().filter(|(side, _)| *side == wanted).count();
-        format!("build: {}, probe: {}", count(JoinSide::Left), count(JoinSide::Right))
+        let count = |wanted| self.filters.iter().filter(|(input, _)| *input == wanted).count();
+        format!("build: {}, probe: {}", count(0), count(1))
     }
 
-    /// What the rows read from `input`, the join's input on `side`, go
-    /// through: the filters routed to it that a running GPU join feeds.
-    pub fn reduction(&self, side: JoinSide, input: &Arc<dyn ExecutionPlan>) -> Option<Arc<RowReduction>> {
+    /// What the rows read from `input`, the node's child of index `index`,
+    /// go through: the filters routed to it that a running GPU join feeds.
+    pub fn reduction(&self, index: usize, input: &Arc<dyn ExecutionPlan>) -> Option<Arc<RowReduction>> {
         let fed: Vec<_> = self
             .filters
             .iter()
-            .filter(|(routed, _)| *routed == side)
+            .filter(|(routed, _)| *routed == index)
             .filter_map(|(_, filter)| ProbeFilter::fed(filter).map(|source| (Arc::clone(filter), source)))
             .collect();
         (!fed.is_empty()).then(|| {

@@ -13,6 +13,7 @@ mod device_build;
 mod device_join;
 mod display;
 mod fallback;
+mod filtered_from_above;
 mod filters_from_above;
 mod handoff;
 mod in_key_order;
@@ -38,7 +39,7 @@ use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{JoinSide, JoinType, NullEquality, internal_err};
+use datafusion::common::{JoinType, NullEquality, internal_err};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -62,6 +63,7 @@ use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
 use crate::backend::{BackendHandle, Devices};
 use crate::config::GpuJoinConfig;
 use crate::testing::JoinLimits;
+pub use filtered_from_above::FilteredFromAboveExec;
 use filters_from_above::FiltersFromAbove;
 use inputs::{InputReductions, PartitionInputs};
 use key_order::OrderedOutput;
@@ -482,8 +484,8 @@ impl ExecutionPlan for GpuJoinExec {
             filter.feeding(applied_below(self.right(), filter.filter())?);
         }
         let reductions = self.reductions.get_or_init(|| InputReductions {
-            build: self.from_above.reduction(JoinSide::Left, self.left()),
-            probe: self.from_above.reduction(JoinSide::Right, self.right()),
+            build: self.from_above.reduction(0, self.left()),
+            probe: self.from_above.reduction(1, self.right()),
         });
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,
@@ -530,12 +532,13 @@ impl ExecutionPlan for GpuJoinExec {
     }
 }
 
-/// Whether a GPU join in `plan` applies `filter` to its input rows
-/// ([`filters_from_above`]).
+/// Whether a GPU join or a [`FilteredFromAboveExec`] in `plan` applies
+/// `filter` to its input rows ([`filters_from_above`]).
 fn applied_below(plan: &Arc<dyn ExecutionPlan>, filter: &DynamicFilterPhysicalExpr) -> Result<bool> {
     let mut found = false;
     plan.apply(|node| {
-        found = node.downcast_ref::<GpuJoinExec>().is_some_and(|join| join.from_above.holds(filter));
+        found = node.downcast_ref::<GpuJoinExec>().is_some_and(|join| join.from_above.holds(filter))
+            || node.downcast_ref::<FilteredFromAboveExec>().is_some_and(|below| below.holds(filter));
         Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
     })?;
     Ok(found)

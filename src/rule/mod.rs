@@ -6,6 +6,7 @@
 
 mod assess;
 mod decisions;
+mod filtered_inputs;
 mod not_on_gpu;
 mod shape;
 mod walk;
@@ -103,7 +104,11 @@ impl PhysicalOptimizerRule for GpuJoinRule {
             return Ok(plan);
         }
         let options = GpuJoinConfig::from_config(config);
-        Ok(replace_joins(plan, &options, Shape::Best, &|_| false)?.0)
+        let plan = replace_joins(plan, &options, Shape::Best, &|_| false)?.0;
+        match options.filters_from_above {
+            true => filtered_inputs::filter_under_aggregations(plan),
+            false => Ok(plan),
+        }
     }
 
     fn name(&self) -> &str {
