@@ -369,9 +369,10 @@ extensions_options! {
         /// Apply the dynamic filter of a GPU join above to the rows of a GPU
         /// join below, through which it passes on its way to the scans: the
         /// join below waits until the one above has its build sides in, as
-        /// long as they are one key column of at most 2^20 rows, then drops
-        /// the rows whose key none of them holds (and those outside their
-        /// spans) before it joins them; where they drop fewer than a quarter
+        /// long as they are at most 2^20 rows, then drops the rows whose
+        /// key none of them holds (with several key columns, one of whose
+        /// key values none holds in that column), and those outside their
+        /// spans, before it joins them; where they drop fewer than a quarter
         /// of the first 2^20 rows of an input, it stops checking that
         /// input's rows. The same holds for the rows an aggregation in the
         /// join's probe side reads, where the filter reaches them (it reads

@@ -318,14 +318,15 @@ async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
 /// passes through an aggregation, as it does one over grouping columns
 /// only, is applied to the rows the aggregation reads: of 100,000 facts in
 /// 20,000 groups, it reads only the 250 of the 50 groups the join above can
-/// match. For an inner and a semi join in both partition modes, with
-/// DataFusion's rows; a join on an aggregated column gets no filter
-/// through, and an anti join plants none.
+/// match. For an inner join on one and on two grouping columns and a semi
+/// join, in both partition modes, with DataFusion's rows; a join on an
+/// aggregated column gets no filter through, and an anti join plants none.
 #[tokio::test]
 async fn an_aggregation_below_reads_only_the_groups_the_join_above_can_match() {
-    let grouped = "(SELECT k, sum(v) AS total, count(*) AS n FROM f GROUP BY k) a";
+    let grouped = "(SELECT k, j, sum(v) AS total, count(*) AS n FROM f GROUP BY k, j) a";
     let queries = [
         (format!("SELECT s.k, a.total FROM s JOIN {grouped} ON s.k = a.k"), 50, 99_750),
+        (format!("SELECT s.k, a.total FROM s JOIN {grouped} ON s.k = a.k AND s.j = a.j"), 50, 99_750),
         (format!("SELECT a.k, a.total FROM {grouped} WHERE a.k IN (SELECT k FROM s)"), 50, 99_750),
         (format!("SELECT s.k, a.k FROM s JOIN {grouped} ON s.k + 1 = a.n"), 0, 0),
         (format!("SELECT a.k FROM {grouped} WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.k = a.k)"), 19_950, 0),
@@ -333,8 +334,10 @@ async fn an_aggregation_below_reads_only_the_groups_the_join_above_can_match() {
     for partitioned in [false, true] {
         let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
         for ctx in [&gpu, &datafusion] {
-            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
-            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
+            let facts = "SELECT value % 20000 AS k, value % 20000 % 7 AS j, value AS v FROM generate_series(0, 99999)";
+            run(ctx, &format!("CREATE TABLE f AS {facts}")).await;
+            let keys = "SELECT value * 397 % 20000 AS k, value * 397 % 20000 % 7 AS j FROM generate_series(1, 50)";
+            run(ctx, &format!("CREATE TABLE s AS {keys}")).await;
         }
         for (sql, rows, dropped) in &queries {
             let case = format!("{sql}, partitioned: {partitioned}");

@@ -20,8 +20,9 @@
 //! scans, applies it to its own input rows ([`super::filters_from_above`]):
 //! it finds the filter among those fed ([`ProbeFilter::fed`]), waits for it
 //! to complete, and also drops the rows whose key is none of the build
-//! sides' ([`ProbeFilter::members_of`]), where they are one key column of
-//! at most [`MEMBERSHIP_MAX_KEYS`] rows in all.
+//! sides' ([`ProbeFilter::members_of`]; with several key columns, the rows
+//! one of whose key values no build row holds in that column), where they
+//! are at most [`MEMBERSHIP_MAX_KEYS`] rows in all.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -62,10 +63,10 @@ pub(crate) struct ProbeFilter {
     /// Set once more build rows are in than their keys could be listed for
     /// the joins below ([`MEMBERSHIP_MAX_KEYS`]), which then stop waiting.
     unlisted: watch::Sender<bool>,
-    /// The build sides' keys, once all have reported, where a join below
-    /// applies them and they are one column of at most
+    /// The build sides' keys, one array per key column, once all have
+    /// reported, where a join below applies them and they are at most
     /// [`MEMBERSHIP_MAX_KEYS`] rows in all.
-    members: OnceLock<Option<ArrayRef>>,
+    members: OnceLock<Option<Vec<ArrayRef>>>,
 }
 
 /// The most build rows whose keys a join below checks its rows' keys
@@ -87,9 +88,10 @@ struct Reports {
     /// The spans of the build sides reported so far, `None` while none had
     /// a row.
     ranges: Option<KeyRanges>,
-    /// The keys of the build sides reported so far, `None` once they are
-    /// more than [`MEMBERSHIP_MAX_KEYS`] rows or one had none listed.
-    keys: Option<Vec<ArrayRef>>,
+    /// The keys of the build sides reported so far, each side's one array
+    /// per key column; `None` once they are more than
+    /// [`MEMBERSHIP_MAX_KEYS`] rows or one had none listed.
+    keys: Option<Vec<Vec<ArrayRef>>>,
     /// Every build side so far had few enough rows for the hash join to
     /// list its keys in the filter.
     listable: bool,
@@ -162,9 +164,8 @@ impl ProbeFilter {
 
     /// Whether a join below that applies the filter is to wait for it:
     /// returns `true` once the filter is complete, `false` at once where
-    /// the build sides' keys can never be listed (several key columns,
-    /// NULLs that match) and as soon as more build rows are in than could
-    /// be. Spans alone cut little where a list does not; the scans have
+    /// the build sides' keys can never be listed (NULLs that match) and
+    /// as soon as more build rows are in than could be. Spans alone cut little where a list does not; the scans have
     /// them anyway, and the join below does not wait for the build sides
     /// above, which would run one join's collection after another's.
     pub async fn worth_waiting_for(&self) -> bool {
@@ -179,24 +180,32 @@ impl ProbeFilter {
         }
     }
 
-    /// Whether the build sides' keys can be listed for the joins below: one
-    /// key column, whose NULLs match nothing.
+    /// Whether the build sides' keys can be listed for the joins below:
+    /// keys whose NULLs match nothing.
     fn keys_may_be_listed(&self) -> bool {
-        self.probe_keys.len() == 1 && self.null_keys.is_none()
+        self.null_keys.is_none()
     }
 
     /// Once complete: `key IN (…)` over every build side's keys, for the
     /// rows of a join below whose key, in that join's columns, is `key`
-    /// (the filter's own key, remapped). `None` where the keys are more
-    /// than one column or [`MEMBERSHIP_MAX_KEYS`] rows, where a NULL key
-    /// can match, or where they are not known.
+    /// (the filter's own keys, remapped); with several key columns, such a
+    /// list for each column, which every row the build sides can match
+    /// passes. `None` where the keys are more than
+    /// [`MEMBERSHIP_MAX_KEYS`] rows, where a NULL key can match, or where
+    /// they are not known.
     pub fn members_of(&self, key: &[PhysicalExprRef], schema: &Schema) -> Option<PhysicalExprRef> {
-        let ([key], true) = (key, self.keys_may_be_listed()) else {
+        if !self.keys_may_be_listed() {
             return None;
-        };
+        }
         let members = self.members.get()?.as_ref()?;
-        let list = InListExpr::try_new_from_array(Arc::clone(key), Arc::clone(members), false, schema).ok()?;
-        Some(Arc::new(list))
+        if members.len() != key.len() {
+            return None;
+        }
+        let lists = key.iter().zip(members).map(|(key, members)| {
+            let list = InListExpr::try_new_from_array(Arc::clone(key), Arc::clone(members), false, schema).ok()?;
+            Some(Arc::new(list) as PhysicalExprRef)
+        });
+        lists.collect::<Option<Vec<_>>>()?.into_iter().reduce(and)
     }
 
     pub fn filter(&self) -> &Arc<DynamicFilterPhysicalExpr> {
@@ -248,10 +257,10 @@ impl ProbeFilter {
                     reports.listable &= keys.as_ref().is_some_and(|keys| keys.listable);
                     reports.keys = match (reports.keys.take(), keys) {
                         (Some(mut before), Some(keys))
-                            if before.iter().chain(&keys.array).map(|k| k.len()).sum::<usize>()
+                            if before.iter().chain(&keys.columns).map(|columns| rows_of(columns)).sum::<usize>()
                                 <= MEMBERSHIP_MAX_KEYS =>
                         {
-                            before.extend(keys.array);
+                            before.extend(keys.columns);
                             Some(before)
                         }
                         _ => None,
@@ -274,7 +283,7 @@ impl ProbeFilter {
             }
         };
         // No piece: no build row, which the spans already rule out.
-        let keys = keys.and_then(|pieces| concat(&pieces.iter().map(|piece| piece.as_ref()).collect::<Vec<_>>()).ok());
+        let keys = keys.and_then(|pieces| concat_columns(&pieces));
         let listed = keys.as_ref().filter(|_| listable);
         // Set before the filter completes: the joins below read it once it has.
         let predicate = self.predicate(ranges.as_ref(), listed);
@@ -290,7 +299,7 @@ impl ProbeFilter {
     /// The probe rows the build sides, of these spans and with these keys
     /// where listed, can match: `None` when neither bounds a key. No build
     /// row at all matches nothing.
-    fn predicate(&self, ranges: Option<&KeyRanges>, keys: Option<&ArrayRef>) -> Option<PhysicalExprRef> {
+    fn predicate(&self, ranges: Option<&KeyRanges>, keys: Option<&Vec<ArrayRef>>) -> Option<PhysicalExprRef> {
         let Some(ranges) = ranges else {
             return Some(lit(false));
         };
@@ -316,8 +325,8 @@ impl ProbeFilter {
     /// `key IN (…)` over the build sides' keys: only for one key column
     /// (the hash join lists several as structs, which this does not), and
     /// not where the probe key's type differs from the list's.
-    fn key_list(&self, keys: &ArrayRef) -> Option<PhysicalExprRef> {
-        let [probe_key] = self.probe_keys.as_slice() else {
+    fn key_list(&self, keys: &[ArrayRef]) -> Option<PhysicalExprRef> {
+        let ([probe_key], [keys]) = (self.probe_keys.as_slice(), keys) else {
             return None;
         };
         let list =
@@ -330,15 +339,14 @@ impl ProbeFilter {
 struct BuildReport<'a> {
     /// Its spans, `None` when it has no row.
     ranges: Option<&'a KeyRanges>,
-    /// Its one key column, where it is no more than
-    /// [`MEMBERSHIP_MAX_KEYS`] rows.
+    /// Its keys, where they are no more than [`MEMBERSHIP_MAX_KEYS`] rows.
     keys: Option<BuildKeys>,
 }
 
-/// A build side's one key column, gathered into one array (none without
-/// rows).
+/// A build side's keys, each key column gathered into one array (none
+/// without rows).
 struct BuildKeys {
-    array: Option<ArrayRef>,
+    columns: Option<Vec<ArrayRef>>,
     /// Few enough rows for the hash join to list them.
     listable: bool,
 }
@@ -367,10 +375,10 @@ impl SpanReport {
     }
 }
 
-/// A build side's one key column, gathered into one array, where it is no
-/// more than `most` rows; listable where they are no more than the hash
-/// join lists (`hash_join_inlist_pushdown_max_distinct_values`, counted
-/// here before duplicates go, and `…_max_size` bytes).
+/// A build side's keys, each key column gathered into one array, where
+/// they are no more than `most` rows; listable where they are no more than
+/// the hash join lists (`hash_join_inlist_pushdown_max_distinct_values`,
+/// counted here before duplicates go, and `…_max_size` bytes).
 fn listed_keys(
     batches: &[RecordBatch],
     build_keys: &[PhysicalExprRef],
@@ -378,21 +386,38 @@ fn listed_keys(
     options: &OptimizerOptions,
 ) -> Option<BuildKeys> {
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    if build_keys.len() != 1 || rows > most {
+    if build_keys.is_empty() || rows > most {
         return None;
     }
     let pieces = batches.iter().map(|batch| evaluate_keys(build_keys, batch)).collect::<Result<Vec<_>>>().ok()?;
-    let pieces: Vec<&dyn Array> = pieces.iter().flatten().map(|piece| piece.as_ref()).collect();
-    let array = match pieces.as_slice() {
-        [] => None,
-        _ => Some(concat(&pieces).ok()?),
+    let columns = match pieces.is_empty() {
+        true => None,
+        false => Some(concat_columns(&pieces)?),
     };
     // Measured once gathered: the pieces may be slices of larger arrays
     // (an aggregation's output, say), whose whole buffers they would count.
-    let bytes = array.as_ref().map_or(0, |keys| keys.get_array_memory_size());
+    let bytes: usize = columns.iter().flatten().map(|keys| keys.get_array_memory_size()).sum();
     let listable = rows <= options.hash_join_inlist_pushdown_max_distinct_values
         && bytes <= options.hash_join_inlist_pushdown_max_size;
-    Some(BuildKeys { array, listable })
+    Some(BuildKeys { columns, listable })
+}
+
+/// Rows of a piece of keys, one array per key column.
+fn rows_of(columns: &[ArrayRef]) -> usize {
+    columns.first().map_or(0, |column| column.len())
+}
+
+/// Pieces of keys, each one array per key column, gathered into one array
+/// per key column; `None` for no piece.
+fn concat_columns(pieces: &[Vec<ArrayRef>]) -> Option<Vec<ArrayRef>> {
+    let columns = pieces.first()?.len();
+    (0..columns)
+        .map(|column| {
+            let parts: Vec<&dyn Array> =
+                pieces.iter().filter_map(|piece| piece.get(column)).map(|a| a.as_ref()).collect();
+            concat(&parts).ok()
+        })
+        .collect()
 }
 
 impl Drop for SpanReport {
@@ -436,16 +461,17 @@ mod tests {
 
     use super::*;
 
-    /// A filter over the probe key of a `CollectLeft` inner join on `k`,
-    /// and the join's twin.
-    fn filter_of_a_join() -> Result<(Arc<ProbeFilter>, Arc<DynamicFilterPhysicalExpr>)> {
-        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+    /// A filter over the probe keys of a `CollectLeft` inner join on the
+    /// `Int64` columns `names`, and the join's twin.
+    fn filter_of_a_join_on(names: &[&str]) -> Result<(Arc<ProbeFilter>, Arc<DynamicFilterPhysicalExpr>)> {
+        let schema = keys_schema(names);
         let side = || MemorySourceConfig::try_new_exec(&[vec![]], Arc::clone(&schema), None);
-        let key: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let keys: Vec<PhysicalExprRef> =
+            names.iter().enumerate().map(|(i, name)| Arc::new(Column::new(name, i)) as PhysicalExprRef).collect();
         let twin = HashJoinExec::try_new(
             side()?,
             side()?,
-            vec![(Arc::clone(&key), Arc::clone(&key))],
+            keys.iter().map(|key| (Arc::clone(key), Arc::clone(key))).collect(),
             None,
             &JoinType::Inner,
             None,
@@ -453,8 +479,28 @@ mod tests {
             NullEquality::NullEqualsNothing,
             false,
         )?;
-        let filter = Arc::new(DynamicFilterPhysicalExpr::new(vec![key], lit(true)));
+        let filter = Arc::new(DynamicFilterPhysicalExpr::new(keys, lit(true)));
         Ok((Arc::new(ProbeFilter::new(Arc::clone(&filter), &twin)?), filter))
+    }
+
+    fn filter_of_a_join() -> Result<(Arc<ProbeFilter>, Arc<DynamicFilterPhysicalExpr>)> {
+        filter_of_a_join_on(&["k"])
+    }
+
+    fn keys_schema(names: &[&str]) -> SchemaRef {
+        Arc::new(Schema::new(names.iter().map(|name| Field::new(*name, DataType::Int64, false)).collect::<Vec<_>>()))
+    }
+
+    /// Rows of `Int64` columns `names`, one `Vec` per column.
+    fn key_rows(names: &[&str], columns: Vec<Vec<i64>>) -> Result<RecordBatch> {
+        let arrays = columns.into_iter().map(|values| Arc::new(arrow::array::Int64Array::from(values)) as ArrayRef);
+        Ok(RecordBatch::try_new(keys_schema(names), arrays.collect())?)
+    }
+
+    /// Which rows of `probe` `predicate` passes.
+    fn passing(predicate: &PhysicalExprRef, probe: &RecordBatch) -> Result<Vec<Option<bool>>> {
+        let passes = predicate.evaluate(probe)?.into_array(probe.num_rows())?;
+        Ok(datafusion::common::cast::as_boolean_array(&passes)?.iter().collect())
     }
 
     /// A join below waits for the filter while the build side may still be
@@ -477,9 +523,7 @@ mod tests {
     async fn the_keys_of_every_build_side_are_the_members() -> Result<()> {
         let (source, _) = filter_of_a_join()?;
         source.feeding(true);
-        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-        let build =
-            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(arrow::array::Int64Array::from(vec![3, 7]))])?;
+        let build = key_rows(&["k"], vec![vec![3, 7]])?;
         let key: PhysicalExprRef = Arc::new(Column::new("k", 0));
         source.report().send(
             Some(&KeyRanges::of_piece(&[build.column(0).clone()])),
@@ -488,16 +532,30 @@ mod tests {
             &OptimizerOptions::default(),
         );
         assert!(source.worth_waiting_for().await, "a join below does not wait for a complete filter of two keys");
-        let members = source.members_of(&[Arc::clone(&key)], &schema).expect("the two keys are listed");
-        let probe = RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![Arc::new(arrow::array::Int64Array::from(vec![1, 3, 5, 7]))],
-        )?;
-        let passes = members.evaluate(&probe)?.into_array(4)?;
-        assert_eq!(
-            datafusion::common::cast::as_boolean_array(&passes)?.iter().collect::<Vec<_>>(),
-            [Some(false), Some(true), Some(false), Some(true)]
-        );
+        let members = source.members_of(&[Arc::clone(&key)], &keys_schema(&["k"])).expect("the two keys are listed");
+        let probe = key_rows(&["k"], vec![vec![1, 3, 5, 7]])?;
+        assert_eq!(passing(&members, &probe)?, [Some(false), Some(true), Some(false), Some(true)]);
+        Ok(())
+    }
+
+    /// With two key columns, each column is listed on its own: a row
+    /// passes where each of its key values is some build row's in that
+    /// column, as every row a build row matches does.
+    #[tokio::test]
+    async fn several_key_columns_are_listed_one_by_one() -> Result<()> {
+        let names = ["a", "b"];
+        let (source, _) = filter_of_a_join_on(&names)?;
+        source.feeding(true);
+        let keys: Vec<PhysicalExprRef> =
+            names.iter().enumerate().map(|(i, name)| Arc::new(Column::new(name, i)) as PhysicalExprRef).collect();
+        let build = key_rows(&names, vec![vec![1, 2], vec![10, 20]])?;
+        let ranges = KeyRanges::of_piece(&[build.column(0).clone(), build.column(1).clone()]);
+        source.report().send(Some(&ranges), &[build], &keys, &OptimizerOptions::default());
+        assert!(source.worth_waiting_for().await, "a join below does not wait for keys of two columns");
+        let members = source.members_of(&keys, &keys_schema(&names)).expect("both columns are listed");
+        let probe = key_rows(&names, vec![vec![1, 1, 3, 2], vec![10, 20, 10, 30]])?;
+        assert_eq!(passing(&members, &probe)?, [Some(true), Some(true), Some(false), Some(false)]);
+        assert!(source.members_of(&keys[..1], &keys_schema(&names)).is_none(), "one key of two has no list");
         Ok(())
     }
 }
