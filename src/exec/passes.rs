@@ -6,9 +6,9 @@
 //! move from one to the next. Pass `j` is held by the `j mod n`-th of the
 //! `n` devices it is split over: one, or every device of a join whose one
 //! build side they share ([`super::spread`]), so that each partition sends
-//! a pass's probe rows to the device that holds it. Each probe partition splits its input by the same hash,
-//! holds it on the host (in DataFusion's memory pool) and joins it pass by
-//! pass. Equal keys hash alike, so every match of a probe row lies in the
+//! a pass's probe rows to the device that holds it. Each probe partition
+//! splits its input by the same hash, holds it on the host (in DataFusion's
+//! memory pool) and joins it pass by pass. Equal keys hash alike, so every match of a probe row lies in the
 //! row's own pass and each probe row is joined exactly once: only joins
 //! whose probe chunks join independently, in no relied-on probe order, are
 //! split (see [`crate::algorithms::JoinDefinition::splits_into_passes`]).
@@ -263,7 +263,7 @@ impl<B: JoinBackend> BuildPasses<B> {
     /// The device that holds pass `pass`.
     pub fn device_of(&self, pass: usize) -> Result<&Arc<DeviceJoin<B>>> {
         self.devices
-            .get(pass % self.devices.len().max(1))
+            .get(self.holder(pass))
             .ok_or_else(|| DataFusionError::Internal("GPU join: build passes on no device".into()))
     }
 
@@ -333,19 +333,18 @@ impl<B: JoinBackend> BuildPasses<B> {
             }
         }
         let holder = self.holder(pass);
-        let beside = |resident: &[Resident<B>]| -> Vec<usize> {
-            (0..resident.len()).filter(|&i| self.holder(resident[i].pass) == holder).collect()
-        };
-        let on_device = beside(&resident);
-        if on_device.len() >= RESIDENT_PASSES {
+        let on_device: Vec<usize> = (0..resident.len()).filter(|&i| self.holder(resident[i].pass) == holder).collect();
+        let mut held = on_device.len();
+        if held >= RESIDENT_PASSES {
             let needed = |pass: usize| self.needed.get(pass).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
             let states: Vec<_> =
                 on_device.iter().map(|&i| (resident[i].idle_since, needed(resident[i].pass))).collect();
             if let Some(i) = victim(&states, now) {
                 resident.swap_remove(on_device[i]);
+                held -= 1;
             }
         }
-        if beside(&resident).len() >= RESIDENT_PASSES {
+        if held >= RESIDENT_PASSES {
             return Ok(None);
         }
         let cell = Arc::new(OnceCell::new());

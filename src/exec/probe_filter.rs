@@ -165,9 +165,10 @@ impl ProbeFilter {
     /// Whether a join below that applies the filter is to wait for it:
     /// returns `true` once the filter is complete, `false` at once where
     /// the build sides' keys can never be listed (NULLs that match) and
-    /// as soon as more build rows are in than could be. Spans alone cut little where a list does not; the scans have
-    /// them anyway, and the join below does not wait for the build sides
-    /// above, which would run one join's collection after another's.
+    /// as soon as more build rows are in than could be. Spans alone cut
+    /// little where a list does not; the scans have them anyway, and the
+    /// join below does not wait for the build sides above, which would run
+    /// one join's collection after another's.
     pub async fn worth_waiting_for(&self) -> bool {
         if !self.keys_may_be_listed() {
             return false;

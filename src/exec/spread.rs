@@ -51,6 +51,9 @@ pub(crate) fn device_of(partition: usize, mode: PartitionMode, devices: usize, o
 /// `gpu_join.devices`.
 pub(crate) struct Spread<B: JoinBackend> {
     runners: Vec<Arc<Runner<B>>>,
+    /// The runners' joins, which a shared build side split into passes
+    /// is spread over.
+    devices: Arc<[Arc<DeviceJoin<B>>]>,
     /// As [`spreads_one_build_side`] says of the join.
     one_build_side_spreads: bool,
     probe_partitions: usize,
@@ -63,14 +66,9 @@ impl<B: JoinBackend> Spread<B> {
     /// `one_build_side_spreads` as [`spreads_one_build_side`] says of the
     /// join.
     pub fn new(runners: Vec<Arc<Runner<B>>>, one_build_side_spreads: bool, probe_partitions: usize) -> Self {
-        let collection = Self::fresh_collection(&runners);
-        let shared = Mutex::new((collection, 0));
-        Self { one_build_side_spreads, runners, probe_partitions, shared }
-    }
-
-    fn fresh_collection(runners: &[Arc<Runner<B>>]) -> Arc<SharedCollection<B>> {
-        let devices: Vec<Arc<DeviceJoin<B>>> = runners.iter().map(|runner| Arc::clone(&runner.join)).collect();
-        Arc::new(SharedCollection::new(devices.into()))
+        let devices: Arc<[_]> = runners.iter().map(|runner| Arc::clone(&runner.join)).collect();
+        let shared = Mutex::new((Arc::new(SharedCollection::new(Arc::clone(&devices))), 0));
+        Self { runners, devices, one_build_side_spreads, probe_partitions, shared }
     }
 
     /// The collection for the next partition; once every partition of an
@@ -82,7 +80,7 @@ impl<B: JoinBackend> Spread<B> {
         let next = Arc::clone(collection);
         *sent += 1;
         if *sent >= self.probe_partitions {
-            *shared = (Self::fresh_collection(&self.runners), 0);
+            *shared = (Arc::new(SharedCollection::new(Arc::clone(&self.devices))), 0);
         }
         Ok(next)
     }
