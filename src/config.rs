@@ -380,7 +380,7 @@ extensions_options! {
         /// aggregation drops them before they are grouped. Off, the filter
         /// only reaches the scans, which skip row groups with it. EXPLAIN
         /// shows `filters_from_above=[…]` on the joins below.
-        pub filters_from_above: bool, default = false
+        pub filters_from_above: bool, default = true
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
         /// candidate pairs where they lie. Other filters, and all of them

@@ -294,6 +294,7 @@ async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
             }
             let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
             let case = format!("{semi_build}, partitioned: {partitioned}");
+            run(&gpu, "SET gpu_join.filters_from_above = false").await;
             let off = physical_plan_text(&gpu, sql).await;
             assert!(!off.contains("filters_from_above"), "{case}, filters_from_above off:\n{off}");
             run(&gpu, "SET gpu_join.filters_from_above = true").await;
