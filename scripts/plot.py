@@ -9,6 +9,7 @@ PLOT is one of:
     tpch      docs/data/tpch-sf10-h200.csv    -> docs/tpch-sf10-h200.png
     tpcds     docs/data/tpcds-sf10-h100.csv   -> docs/tpcds-sf10-h100.png
     engines   docs/data/tpch-parquet-sf100-h200.csv -> docs/tpch-sf100-h200.png
+    tpcds100  docs/data/tpcds-parquet-sf100-h200.csv -> docs/tpcds-sf100-h200.png
     all       every plot above, from its default files
 
 CSV and PNG replace the default files, for a new measurement of the same
@@ -33,6 +34,7 @@ DEFAULTS = {
     "tpch": ("data/tpch-sf10-h200.csv", "tpch-sf10-h200.png"),
     "tpcds": ("data/tpcds-sf10-h100.csv", "tpcds-sf10-h100.png"),
     "engines": ("data/tpch-parquet-sf100-h200.csv", "tpch-sf100-h200.png"),
+    "tpcds100": ("data/tpcds-parquet-sf100-h200.csv", "tpcds-sf100-h200.png"),
 }
 
 
@@ -165,14 +167,18 @@ def tpch(rows, target):
     )
 
 
-def tpcds(rows, target):
+def tpcds(rows, target, workload="TPC-DS SF 10 in memory, a session's defaults"):
     queries(
         rows,
         target,
-        "TPC-DS SF 10 in memory, a session's defaults",
+        workload,
         lambda row: int(row["joins_on_gpu_join"]) > 0,
         ("a join planned on the GPU join", "no join planned on it: DataFusion's plan"),
     )
+
+
+def tpcds100(rows, target):
+    tpcds(rows, target, "TPC-DS SF 100 from Parquet, a session's defaults, one run without a warm-up")
 
 
 def engines(rows, target):
@@ -197,7 +203,7 @@ def engines(rows, target):
     figure.savefig(target, dpi=110)
 
 
-PLOTS = {"kernels": kernels, "operator": operator, "tpch": tpch, "tpcds": tpcds, "engines": engines}
+PLOTS = {"kernels": kernels, "operator": operator, "tpch": tpch, "tpcds": tpcds, "engines": engines, "tpcds100": tpcds100}
 
 
 def main(arguments):
