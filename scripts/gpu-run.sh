@@ -23,6 +23,7 @@
 #                     TPCH100_VARIANT one for a second GPU session beside it
 #   cluster-10        TPC-H SF 10 from Parquet on clusters of WORKERS (default 2)
 #                     workers on this host, against the single-node GPU session
+#                     and single-node DataFusion
 #   cluster-100       the same at SF 100 under the session's defaults, one pass
 #                     without a warm-up; TPCH100_QUERIES as above
 #   tpcds             TPC-DS SF 1 against DataFusion, every join the GPU join takes on it

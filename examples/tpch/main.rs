@@ -64,8 +64,10 @@
 //! `datafusion-distributed` cluster of N workers on this host's loopback,
 //! each session its own workers: the GPU session's join on this host's GPU
 //! (docs/distributed.md), DataFusion's are plain workers. The single-node
-//! GPU session runs beside them, its time and rows on each line, and each
-//! line counts the joins the GPU session's workers ran per run. `--set
+//! GPU session runs beside them, and with `--compare` single-node
+//! DataFusion too, each one's time and whether its rows are the GPU
+//! cluster's on each line; each line also counts the joins the GPU
+//! session's workers ran per run. `--set
 //! distributed.NAME=VALUE` sets one of `datafusion-distributed`'s options
 //! in both clusters (`--set distributed.file_scan_config_bytes_per_partition=1`
 //! spreads even small scans over every worker).
@@ -491,10 +493,14 @@ async fn main() -> Result<()> {
     }
     let start = Instant::now();
     let (gpu, cpu, single_node, workers) = match args.workers {
-        0 => (session(&args, true, &[])?, session(&args, false, &[])?, None, None),
+        0 => (session(&args, true, &[])?, session(&args, false, &[])?, vec![], None),
         _ => {
             let (gpu, workers) = cluster_session(&args, true).await?;
-            (gpu, cluster_session(&args, false).await?.0, Some(session(&args, true, &[])?), workers)
+            let mut single_node = vec![session(&args, true, &[])?];
+            if args.compare {
+                single_node.push(session(&args, false, &[])?);
+            }
+            (gpu, cluster_session(&args, false).await?.0, single_node, workers)
         }
     };
     let variant = match args.variant.is_empty() {
@@ -562,8 +568,7 @@ async fn main() -> Result<()> {
             args.variant.iter().map(|(name, value)| format!("gpu_join.{name} = {value}")).collect();
         println!("variant: a second GPU session with {}", options.join(", "));
     }
-    let sessions_per_query =
-        1 + usize::from(variant.is_some()) + usize::from(args.compare) + usize::from(single_node.is_some());
+    let sessions_per_query = 1 + usize::from(variant.is_some()) + usize::from(args.compare) + single_node.len();
     let runs = match args.placements {
         true => 0,
         false => args.queries.len() * sessions_per_query * (args.warmups + args.iterations),
@@ -632,14 +637,17 @@ async fn main() -> Result<()> {
                 breakdowns.push(("DataFusion", cpu.operators));
             }
         }
-        if let Some(single) = timings.next() {
-            let differ = format!("Q{query}: rows differ from the single-node GPU session's");
+        for (name, single) in ["GPU", "DataFusion"].into_iter().zip(timings.by_ref()) {
+            let differ = format!("Q{query}: rows differ from the single-node {name} session's");
             let same = same_rows(&batches, &single, differ, &mut failures)?;
             line.push_str(&format!(
-                " | single-node GPU {:>9.1} ms, same rows: {same}",
+                " | single-node {name} {:>9.1} ms, same rows: {same}",
                 single.time.as_secs_f64() * 1e3
             ));
-            figures.single_node_gpu = Some(single.time);
+            match name {
+                "GPU" => figures.single_node_gpu = Some(single.time),
+                _ => figures.single_node_datafusion = Some(single.time),
+            }
             figures.same_rows &= same;
         }
         if let Some(duckdb) = &mut duckdb {

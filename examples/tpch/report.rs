@@ -20,6 +20,7 @@ pub struct QueryFigures {
     pub rows: usize,
     pub datafusion: Option<Duration>,
     pub single_node_gpu: Option<Duration>,
+    pub single_node_datafusion: Option<Duration>,
     /// The GPU session with `--variant`'s options.
     pub variant: Option<Duration>,
     pub duckdb: Option<DuckDbRun>,
@@ -36,7 +37,7 @@ pub struct Report {
 }
 
 const CSV_HEADER: &str = "query,gpu_session_ms,datafusion_ms,duckdb_ms,single_node_gpu_ms,rows,duckdb_rows,\
-                          same_rows,joins_on_gpu,joins_on_datafusion,variant_ms";
+                          same_rows,joins_on_gpu,joins_on_datafusion,variant_ms,single_node_datafusion_ms";
 
 impl Report {
     /// A report of `runs` runs in all, each session's turn of a query one.
@@ -81,7 +82,7 @@ impl Report {
         let duckdb = figures.duckdb.as_ref().and_then(|run| run.as_ref().ok());
         writeln!(
             csv,
-            "Q{:02},{},{},{},{},{},{},{},{},{},{}",
+            "Q{:02},{},{},{},{},{},{},{},{},{},{},{}",
             figures.query,
             ms(Some(figures.gpu)),
             ms(figures.datafusion),
@@ -93,6 +94,7 @@ impl Report {
             figures.joins_on_gpu,
             figures.joins_on_datafusion,
             ms(figures.variant),
+            ms(figures.single_node_datafusion),
         )?;
         Ok(())
     }
