@@ -32,8 +32,8 @@
 #   tpcds-parquet-10  TPC-DS SF 10 from Parquet files, the session's defaults
 #   tpcds-parquet-100 TPC-DS SF 100 from Parquet files (about 35 GB: not beside
 #                     TPC-H SF 100's 34 GB on a 64 GiB disk) against DataFusion and
-#                     DuckDB, one run after a warm-up; TPCDS100_QUERIES (comma-separated)
-#                     spreads the queries over calls
+#                     DuckDB, one run after a warm-up (TPCDS100_WARMUPS=0: none);
+#                     TPCDS100_QUERIES (comma-separated) spreads the queries over calls
 #   filters-10        the queries whose joins have filters (TPC-DS 16, 94, 95
 #                     and TPC-H 21) at SF 10 from Parquet, filters evaluated
 #                     on the host, then on the backend
@@ -129,6 +129,7 @@ for name in $steps; do
     tpcds-parquet-100) step tpcds-parquet-100 ./bin/tpch --tpcds "$work/tpcds-queries" --sf 100 --compare \
         --iterations 1 --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" \
         --queries "${TPCDS100_QUERIES:-$tpcds10_queries}" --duckdb "$work/duckdb-queries.py" \
+        ${TPCDS100_WARMUPS:+--warmups "$TPCDS100_WARMUPS"} \
         --csv "$logs/tpcds-parquet-100.csv" ;;
     filters-10)
         for on_backend in false true; do
