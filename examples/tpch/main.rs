@@ -496,9 +496,10 @@ async fn main() -> Result<()> {
         0 => (session(&args, true, &[])?, session(&args, false, &[])?, vec![], None),
         _ => {
             let (gpu, workers) = cluster_session(&args, true).await?;
-            let mut single_node = vec![session(&args, true, &[])?];
+            // Each single-node session, and whether it is the GPU session.
+            let mut single_node = vec![(true, session(&args, true, &[])?)];
             if args.compare {
-                single_node.push(session(&args, false, &[])?);
+                single_node.push((false, session(&args, false, &[])?));
             }
             (gpu, cluster_session(&args, false).await?.0, single_node, workers)
         }
@@ -514,7 +515,7 @@ async fn main() -> Result<()> {
                 Some(_) => tpcds::write_parquet(dir, args.scale_factor, args.partitions)?,
                 None => tpch::write_parquet(dir, args.scale_factor, args.partitions)?,
             };
-            for ctx in [&gpu, &cpu].into_iter().chain(&single_node).chain(&variant) {
+            for ctx in [&gpu, &cpu].into_iter().chain(single_node.iter().map(|(_, ctx)| ctx)).chain(&variant) {
                 match &args.tpcds {
                     Some(_) => tpcds::register_parquet(ctx, &folder).await?,
                     None => tpch::register_parquet(ctx, &folder).await?,
@@ -586,7 +587,7 @@ async fn main() -> Result<()> {
         if args.compare {
             sessions.push(&cpu);
         }
-        sessions.extend(&single_node);
+        sessions.extend(single_node.iter().map(|(_, ctx)| ctx));
         let joins_before = workers.as_ref().map(|w| (w.joins().on_gpu(), w.joins().on_datafusion()));
         let mut timings = match timed(&sessions, query, &args, &report).await {
             Ok(timings) => timings.into_iter(),
@@ -637,16 +638,17 @@ async fn main() -> Result<()> {
                 breakdowns.push(("DataFusion", cpu.operators));
             }
         }
-        for (name, single) in ["GPU", "DataFusion"].into_iter().zip(timings.by_ref()) {
+        for (&(on_gpu, _), single) in single_node.iter().zip(timings.by_ref()) {
+            let name = if on_gpu { "GPU" } else { "DataFusion" };
             let differ = format!("Q{query}: rows differ from the single-node {name} session's");
             let same = same_rows(&batches, &single, differ, &mut failures)?;
             line.push_str(&format!(
                 " | single-node {name} {:>9.1} ms, same rows: {same}",
                 single.time.as_secs_f64() * 1e3
             ));
-            match name {
-                "GPU" => figures.single_node_gpu = Some(single.time),
-                _ => figures.single_node_datafusion = Some(single.time),
+            match on_gpu {
+                true => figures.single_node_gpu = Some(single.time),
+                false => figures.single_node_datafusion = Some(single.time),
             }
             figures.same_rows &= same;
         }
