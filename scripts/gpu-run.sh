@@ -6,7 +6,8 @@
 # Steps (default: all, in this order):
 #   tests             every integration test on the CUDA backend
 #   primitives-large  primitive differential tests up to 2^27 rows
-#   memcheck          compute-sanitizer memcheck on the primitives and the fuzz test
+#   memcheck          compute-sanitizer memcheck on the primitives, the fuzz test and the
+#                     aggregations grouped on the device
 #   bench             the kernel benchmark (GFTR paper workload)
 #   sweep             the kernel benchmark's sweep of algorithm = auto
 #   operator          the operator benchmark: GPU session against DataFusion
@@ -94,7 +95,7 @@ for name in $steps; do
     primitives-large) step primitives-large env GPU_JOIN_PRIMITIVE_MAX_ROWS=$((1 << 27)) \
         ./bin/integration --test-threads 3 primitives ;;
     memcheck) step memcheck env GPU_JOIN_FUZZ_CASES=150 "$sanitizer" --tool memcheck --error-exitcode 1 \
-        ./bin/integration --test-threads 1 primitives fuzz ;;
+        ./bin/integration --test-threads 1 primitives fuzz aggregates ;;
     bench) step bench ./bin/kernels --bench ;;
     sweep) step sweep env GPU_JOIN_BENCH_SWEEP=1 ./bin/kernels --bench ;;
     operator) step operator ./bin/operator --bench ;;

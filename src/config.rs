@@ -381,6 +381,19 @@ extensions_options! {
         /// only reaches the scans, which skip row groups with it. EXPLAIN
         /// shows `filters_from_above=[…]` on the joins below.
         pub filters_from_above: bool, default = true
+        /// Group the rows of DataFusion's partial aggregations on the
+        /// backend: where the grouping columns are integers, dates, times,
+        /// decimals or booleans and every aggregate is a `count`, or a
+        /// `sum`, `min`, `max` or `avg` of integers, decimals, dates or
+        /// times (no DISTINCT, FILTER or ORDER BY), over at least
+        /// `min_rows` estimated input rows. DataFusion still evaluates the
+        /// grouping and argument expressions, and its final aggregation
+        /// merges the groups. `EXPLAIN` shows `GpuAggregateExec`; the
+        /// aggregations that stay are logged as `explain` says.
+        pub aggregate: bool, default = false
+        /// Input rows of a partition grouped at once by `aggregate`; each
+        /// chunk's groups leave before the next chunk is read.
+        pub aggregate_chunk_rows: usize, default = 1 << 23
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
         /// candidate pairs where they lie. Other filters, and all of them

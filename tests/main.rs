@@ -5,6 +5,7 @@
 
 mod common;
 
+mod aggregates;
 mod devices;
 mod distributed;
 mod dynamic_filters;

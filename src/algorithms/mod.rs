@@ -16,6 +16,7 @@
 mod build_side;
 pub mod choice;
 mod definition;
+mod grouping;
 mod host_rows;
 mod materialize;
 mod pair_filter;
@@ -30,6 +31,7 @@ mod strategy;
 
 pub use build_side::{BuildSide, ProbePlan, finish_build_side, prepare_build_side};
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
+pub use grouping::{AggregateNotOnGpu, Grouping};
 pub use host_rows::{HostRows, assemble_columns};
 pub use materialize::OutputLimits;
 pub use pair_filter::{ColumnComparison, PairFilter};

@@ -15,6 +15,7 @@ mod cache;
 mod counters;
 pub mod cpu;
 pub mod cuda;
+mod grouping;
 mod handle;
 
 pub use cuda::compile_kernels as compile_cuda_kernels;
@@ -31,6 +32,7 @@ use datafusion::error::{DataFusionError, Result};
 pub use admission::Admission;
 pub(crate) use cache::cache_dir;
 pub use counters::DeviceCounters;
+pub use grouping::{Groups, IntegerWidth, Reduced, Reduction};
 
 pub use crate::keys::SortSpec;
 use crate::keys::{NormalizedKey, RawCodes};
@@ -574,4 +576,15 @@ pub trait JoinBackend: Send + Sync + Debug + Clone + Sized + 'static {
     /// Positions whose flag equals `value`, ascending.
     fn flagged(&self, flags: &Self::Flags, value: bool) -> Result<Self::Vector<u32>>;
     fn download_flags(&self, flags: &Self::Flags) -> Result<Vec<bool>>;
+
+    // ---- grouping ----
+    /// Groups rows by equal keys, which must be exact (equal keys are equal
+    /// grouping values, NULLs coded as values): a row of each group, and
+    /// each reduction's value per group over its column's rows (none for a
+    /// count of rows). Groups come in no particular order.
+    fn group_rows<K: NormalizedKey>(
+        &self,
+        keys: &Self::Vector<K>,
+        reductions: &[(Reduction, Option<&Self::Column>)],
+    ) -> Result<Groups>;
 }

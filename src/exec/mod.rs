@@ -6,6 +6,7 @@
 //! (schema, partitioning, equivalences, distribution requirements,
 //! statistics), so those promises are exactly DataFusion's.
 
+mod aggregate;
 mod build;
 mod chosen;
 mod chunk_jobs;
@@ -63,6 +64,7 @@ use crate::algorithms::{JoinDefinition, KeyOrder, PairFilter};
 use crate::backend::{BackendHandle, Devices};
 use crate::config::GpuJoinConfig;
 use crate::testing::JoinLimits;
+pub use aggregate::GpuAggregateExec;
 pub use filtered_from_above::FilteredFromAboveExec;
 use filters_from_above::FiltersFromAbove;
 use inputs::{InputReductions, PartitionInputs};

@@ -264,28 +264,10 @@ impl<'a> RuleContext<'a> {
         }
     }
 
-    /// The session's devices (`gpu_join.devices`) on its backend, found
-    /// once per plan. An explicit `cuda` without a usable device is an
-    /// error rather than a silent fallback, so that a misconfigured GPU
-    /// never goes unnoticed; under `auto`, joins stay DataFusion's unless
-    /// every listed device is usable.
+    /// The session's devices, found once per plan ([`session_devices`]).
     fn devices(&mut self) -> Result<std::result::Result<Devices, NotOnGpu>> {
         if self.devices.is_none() {
-            self.devices = Some(match self.options.backend {
-                BackendChoice::Cpu => Ok(Devices::cpu(self.options)),
-                BackendChoice::Auto => Devices::cuda(self.options).map_err(NotOnGpu::NoDevice),
-                BackendChoice::Cuda => match Devices::cuda(self.options) {
-                    Ok(devices) => Ok(devices),
-                    Err(why) => {
-                        return plan_err!(
-                            "gpu_join.backend is 'cuda' but no CUDA device is usable: {why} (gpu_join.devices = \
-                             '{}'). Set gpu_join.backend = 'auto' to leave joins to DataFusion when no GPU is \
-                             usable, 'cpu' for the CPU reference backend, or gpu_join.devices to usable devices",
-                            self.options.devices
-                        );
-                    }
-                },
-            });
+            self.devices = Some(session_devices(self.options)?);
         }
         Ok(self.devices.clone().unwrap_or(Err(NotOnGpu::Disabled)))
     }
@@ -293,6 +275,28 @@ impl<'a> RuleContext<'a> {
     fn estimated_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         self.statistics.of(plan)?.num_rows.get_value().copied()
     }
+}
+
+/// The session's devices (`gpu_join.devices`) on its backend. An explicit
+/// `cuda` without a usable device is an error rather than a silent
+/// fallback, so that a misconfigured GPU never goes unnoticed; under
+/// `auto`, operators stay DataFusion's unless every listed device is usable.
+pub(super) fn session_devices(options: &GpuJoinConfig) -> Result<std::result::Result<Devices, NotOnGpu>> {
+    Ok(match options.backend {
+        BackendChoice::Cpu => Ok(Devices::cpu(options)),
+        BackendChoice::Auto => Devices::cuda(options).map_err(NotOnGpu::NoDevice),
+        BackendChoice::Cuda => match Devices::cuda(options) {
+            Ok(devices) => Ok(devices),
+            Err(why) => {
+                return plan_err!(
+                    "gpu_join.backend is 'cuda' but no CUDA device is usable: {why} (gpu_join.devices = '{}'). Set \
+                     gpu_join.backend = 'auto' to leave joins to DataFusion when no GPU is usable, 'cpu' for the \
+                     CPU reference backend, or gpu_join.devices to usable devices",
+                    options.devices
+                );
+            }
+        },
+    })
 }
 
 fn key_type(key: &PhysicalExprRef, schema: &arrow::datatypes::Schema) -> Result<arrow::datatypes::DataType> {

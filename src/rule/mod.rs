@@ -4,6 +4,7 @@
 //! fixed join order, partition modes, repartitioning and embedded
 //! projections, and no hash join has planted a dynamic filter yet.
 
+mod aggregations;
 mod assess;
 mod decisions;
 mod filtered_inputs;
@@ -105,8 +106,12 @@ impl PhysicalOptimizerRule for GpuJoinRule {
         }
         let options = GpuJoinConfig::from_config(config);
         let plan = replace_joins(plan, &options, Shape::Best, &|_| false)?.0;
-        match options.filters_from_above {
-            true => filtered_inputs::filter_under_aggregations(plan),
+        let plan = match options.filters_from_above {
+            true => filtered_inputs::filter_under_aggregations(plan)?,
+            false => plan,
+        };
+        match options.aggregate && options.enabled {
+            true => aggregations::group_on_backend(plan, &options),
             false => Ok(plan),
         }
     }

@@ -5,6 +5,7 @@
 //! work over cores. "Backend memory" is host memory here, so uploads and
 //! downloads are free and its columns are plain Arrow arrays of any type.
 
+mod grouping;
 mod instance;
 mod matching;
 mod primitives;

@@ -18,9 +18,9 @@ use super::instance::CpuBackend;
 use super::matching::{self, ChainedTables};
 use super::transform;
 use crate::backend::{
-    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, MAX_CANDIDATES,
-    MatchFlags, NULL_POSITION, PartitionSpec, SortSpec, Space, TransferMemory, Transformed, check_candidates_within,
-    check_compared, positions_to_indices,
+    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, Groups, JoinBackend, MAX_CANDIDATES,
+    MatchFlags, NULL_POSITION, PartitionSpec, Reduction, SortSpec, Space, TransferMemory, Transformed,
+    check_candidates_within, check_compared, positions_to_indices,
 };
 use crate::keys::{NormalizedKey, RawCodes};
 use crate::values::value_width;
@@ -354,5 +354,13 @@ impl JoinBackend for CpuBackend {
 
     fn download_flags(&self, flags: &Vec<AtomicBool>) -> Result<Vec<bool>> {
         Ok(flags.iter().map(|f| f.load(Ordering::Relaxed)).collect())
+    }
+
+    fn group_rows<K: NormalizedKey>(
+        &self,
+        keys: &Vec<K>,
+        reductions: &[(Reduction, Option<&ArrayRef>)],
+    ) -> Result<Groups> {
+        super::grouping::group_rows(keys, reductions)
     }
 }

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 /// Kernel sources, concatenated in this order into one translation unit.
-const SOURCES: [(&str, &str); 8] = [
+const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     ("scan.cu", include_str!("../../../kernels/scan.cu")),
     ("radix.cu", include_str!("../../../kernels/radix.cu")),
@@ -25,10 +25,11 @@ const SOURCES: [(&str, &str); 8] = [
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
     ("compact.cu", include_str!("../../../kernels/compact.cu")),
     ("filter.cu", include_str!("../../../kernels/filter.cu")),
+    ("group.cu", include_str!("../../../kernels/group.cu")),
 ];
 
 /// Every kernel the backend launches.
-pub(crate) const KERNEL_NAMES: [&str; 71] = [
+pub(crate) const KERNEL_NAMES: [&str; 85] = [
     "scan_block_totals_u32",
     "scan_block_totals_u64",
     "scan_totals_u32",
@@ -100,6 +101,20 @@ pub(crate) const KERNEL_NAMES: [&str; 71] = [
     "compare_rows_u16",
     "compare_rows_u32",
     "compare_rows_u64",
+    "group_insert_u32",
+    "group_insert_u64",
+    "group_used_u32",
+    "group_used_u64",
+    "group_rows_u32",
+    "group_rows_u64",
+    "group_of_rows",
+    "group_count",
+    "group_sum_8",
+    "group_sum_16",
+    "group_min_4",
+    "group_max_4",
+    "group_min_8",
+    "group_max_8",
 ];
 
 /// The whole kernel source, with `#line` markers so that NVRTC's messages

@@ -8,6 +8,7 @@ mod device;
 mod directory;
 mod driver;
 mod filter;
+mod grouping;
 mod kernels;
 mod launch;
 mod matching;

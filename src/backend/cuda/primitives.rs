@@ -16,8 +16,8 @@ use super::matching::CudaHashTables;
 use super::memory::{DIRECT_TRANSFER_BYTES, DeviceBuffer, Instance};
 use super::transform::Digits;
 use crate::backend::{
-    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, JoinBackend, MAX_CANDIDATES,
-    MatchFlags, PartitionSpec, SortSpec, Space, TransferMemory, Transformed,
+    Admission, Candidates, ColumnRows, Comparison, DeviceCounters, Element, Fill, Groups, JoinBackend, MAX_CANDIDATES,
+    MatchFlags, PartitionSpec, Reduction, SortSpec, Space, TransferMemory, Transformed,
 };
 use crate::keys::{NormalizedKey, RawCodes};
 
@@ -325,5 +325,13 @@ impl JoinBackend for CudaBackend {
         // them (a build side's); wait for the flags this instance set.
         self.finish()?;
         Ok(flags.download("flags")?.into_iter().map(|f| f != 0).collect())
+    }
+
+    fn group_rows<K: NormalizedKey>(
+        &self,
+        keys: &DeviceBuffer<K>,
+        reductions: &[(Reduction, Option<&CudaColumn>)],
+    ) -> Result<Groups> {
+        self.group_keys(keys, reductions)
     }
 }

@@ -1,0 +1,287 @@
+//! DataFusion's partial aggregation of a chunk of rows, grouped on a
+//! backend.
+//!
+//! DataFusion evaluates the grouping and argument expressions on the host;
+//! the keys become exact normalised keys, as a join's packed keys, with
+//! NULLs coded as values (a NULL is a group of its own), and the backend
+//! groups them and folds each aggregate's state ([`JoinBackend::group_rows`]).
+//! What comes back is the rows of DataFusion's partial aggregation: the
+//! grouping columns, taken from one row of each group, then each
+//! aggregate's state fields, which the final aggregation above merges. A
+//! chunk whose keys do not pack into 64 bits has no exact key; it is left
+//! to DataFusion's aggregation, as is every aggregation that
+//! [`AggregateNotOnGpu`] names.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, UInt32Array, make_array};
+use arrow::buffer::BooleanBuffer;
+use arrow::compute::{concat, take};
+use arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::NullEquality;
+use datafusion::error::Result;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+
+use crate::backend::{IntegerWidth, JoinBackend, Reduction};
+use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, NormalizedKeys, is_packable_key_type};
+
+/// Why an aggregation stays on DataFusion's operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AggregateNotOnGpu {
+    /// Not a partial aggregation of raw rows (a final one merges states).
+    NotPartial,
+    /// No grouping columns (one group, which DataFusion folds as fast).
+    NoGrouping,
+    /// `GROUPING SETS`, `ROLLUP` or `CUBE`.
+    GroupingSets,
+    /// It emits its groups in its input's order, or keeps a limit of groups.
+    Ordered,
+    /// A dynamic filter of its own, which DataFusion's operator feeds.
+    DynamicFilter,
+    /// A grouping column of a type that does not pack into integers.
+    GroupType(DataType),
+    /// An aggregate the backend does not fold (name, and why).
+    Aggregate(String, &'static str),
+}
+
+impl fmt::Display for AggregateNotOnGpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AggregateNotOnGpu::NotPartial => write!(f, "not a partial aggregation of rows"),
+            AggregateNotOnGpu::NoGrouping => write!(f, "no grouping columns"),
+            AggregateNotOnGpu::GroupingSets => write!(f, "grouping sets"),
+            AggregateNotOnGpu::Ordered => write!(f, "groups in input order or a limit of groups"),
+            AggregateNotOnGpu::DynamicFilter => write!(f, "a dynamic filter of its own"),
+            AggregateNotOnGpu::GroupType(t) => write!(f, "grouping column of type {t}"),
+            AggregateNotOnGpu::Aggregate(name, why) => write!(f, "aggregate {name}: {why}"),
+        }
+    }
+}
+
+/// Where a state column's values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Whether argument `i` is null: a count of its values (of every row
+    /// where it holds no NULL).
+    Validity(usize),
+    /// Argument `i`'s values.
+    Values(usize),
+}
+
+/// One column of the partial aggregation's output after the groups.
+#[derive(Debug, Clone)]
+struct StateColumn {
+    reduction: Reduction,
+    source: Source,
+    data_type: DataType,
+    /// The next state column's NULLs are this one's too: an average's
+    /// count is NULL where its sum is, as DataFusion's partial state has
+    /// it, whose final aggregation reads a count that is not NULL as a
+    /// group with values.
+    nulls_of_next: bool,
+}
+
+/// A partial aggregation as the backend runs it.
+#[derive(Debug)]
+pub struct Grouping {
+    group_by: Vec<Arc<dyn PhysicalExpr>>,
+    arguments: Vec<Arc<dyn PhysicalExpr>>,
+    states: Vec<StateColumn>,
+    schema: SchemaRef,
+}
+
+impl Grouping {
+    /// `aggregate` as the backend runs it, or why it cannot.
+    pub fn of(aggregate: &AggregateExec) -> Result<std::result::Result<Self, AggregateNotOnGpu>> {
+        let groups = aggregate.group_expr();
+        let refusal = if *aggregate.mode() != AggregateMode::Partial {
+            Some(AggregateNotOnGpu::NotPartial)
+        } else if groups.expr().is_empty() {
+            Some(AggregateNotOnGpu::NoGrouping)
+        } else if !groups.is_single() {
+            Some(AggregateNotOnGpu::GroupingSets)
+        } else if aggregate.limit_options().is_some() || aggregate.properties().output_ordering().is_some() {
+            Some(AggregateNotOnGpu::Ordered)
+        } else if !aggregate.dynamic_expressions_produced().is_empty() {
+            Some(AggregateNotOnGpu::DynamicFilter)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            return Ok(Err(refusal));
+        }
+        let input = aggregate.input_schema();
+        for (expr, _) in groups.expr() {
+            let data_type = expr.data_type(&input)?;
+            if !is_packable_key_type(&data_type) {
+                return Ok(Err(AggregateNotOnGpu::GroupType(data_type)));
+            }
+        }
+        let mut grouping = Self {
+            group_by: groups.expr().iter().map(|(expr, _)| Arc::clone(expr)).collect(),
+            arguments: vec![],
+            states: vec![],
+            schema: aggregate.schema(),
+        };
+        for (function, filter) in aggregate.aggr_expr().iter().zip(aggregate.filter_expr()) {
+            if let Err(why) = grouping.add(function, filter.is_some(), &input)? {
+                return Ok(Err(AggregateNotOnGpu::Aggregate(function.name().to_string(), why)));
+            }
+        }
+        Ok(Ok(grouping))
+    }
+
+    /// Adds an aggregate's state columns, or says why the backend cannot
+    /// fold it.
+    fn add(
+        &mut self,
+        function: &AggregateFunctionExpr,
+        filtered: bool,
+        input: &arrow::datatypes::Schema,
+    ) -> Result<std::result::Result<(), &'static str>> {
+        let name = function.fun().name();
+        if function.is_distinct() || filtered || !function.order_bys().is_empty() {
+            return Ok(Err("DISTINCT, FILTER or ORDER BY"));
+        }
+        let (arguments, states) = (function.expressions(), function.state_fields()?);
+        let [argument] = arguments.as_slice() else {
+            return Ok(Err("not one argument"));
+        };
+        let argument_type = argument.data_type(input)?;
+        let state_types: Vec<&DataType> = states.iter().map(|field| field.data_type()).collect();
+        let index = self.arguments.len();
+        let averaged = name == "avg";
+        let columns = match (name, state_types.as_slice()) {
+            ("count", [DataType::Int64]) => vec![(Reduction::Count, Source::Validity(index))],
+            ("sum", [state]) => match summed(&argument_type, state) {
+                Some(width) => vec![(Reduction::Sum(width), Source::Values(index))],
+                None => return Ok(Err("a sum of this type")),
+            },
+            ("min" | "max", [state]) if *state == &argument_type => match ordered(&argument_type) {
+                Some(width) if name == "min" => vec![(Reduction::Min(width), Source::Values(index))],
+                Some(width) => vec![(Reduction::Max(width), Source::Values(index))],
+                None => return Ok(Err("a minimum or maximum of this type")),
+            },
+            ("avg", [DataType::UInt64, sum]) => match summed(&argument_type, sum) {
+                Some(width) => {
+                    vec![(Reduction::Count, Source::Validity(index)), (Reduction::Sum(width), Source::Values(index))]
+                }
+                None => return Ok(Err("an average of this type")),
+            },
+            _ => return Ok(Err("not count, sum, min, max or avg")),
+        };
+        self.arguments.push(Arc::clone(argument));
+        for (i, ((reduction, source), data_type)) in columns.into_iter().zip(state_types).enumerate() {
+            let nulls_of_next = averaged && i == 0;
+            self.states.push(StateColumn { reduction, source, data_type: data_type.clone(), nulls_of_next });
+        }
+        Ok(Ok(()))
+    }
+
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The partial aggregation of `batches` on `backend`: one row per
+    /// group; `None` where the keys do not pack, for DataFusion's operator.
+    pub fn group<B: JoinBackend>(&self, backend: &B, batches: &[RecordBatch]) -> Result<Option<RecordBatch>> {
+        let evaluate = |exprs: &[Arc<dyn PhysicalExpr>]| -> Result<Vec<Vec<ArrayRef>>> {
+            batches
+                .iter()
+                .map(|batch| exprs.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect())
+                .collect()
+        };
+        let key_pieces = evaluate(&self.group_by)?;
+        let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&key_pieces), NullEquality::NullEqualsNull)?;
+        if encoder.exactness() != KeyExactness::Exact {
+            return Ok(None);
+        }
+        let keys = joined(&key_pieces, self.group_by.len())?;
+        let arguments = joined(&evaluate(&self.arguments)?, self.arguments.len())?;
+        let groups = match encoder.encode(&keys)? {
+            NormalizedKeys::U32(codes) => self.fold(backend, &codes, &arguments)?,
+            NormalizedKeys::U64(codes) => self.fold(backend, &codes, &arguments)?,
+        };
+        let rows = UInt32Array::from(groups.rows.clone());
+        let mut columns = keys.iter().map(|key| take(key.as_ref(), &rows, None)).collect::<Result<Vec<_>, _>>()?;
+        for (i, (state, reduced)) in self.states.iter().zip(&groups.reduced).enumerate() {
+            let nulls = match state.nulls_of_next {
+                true => groups.reduced.get(i + 1).and_then(|next| next.nulls.clone()),
+                false => reduced.nulls.clone(),
+            };
+            let data = ArrayData::builder(state.data_type.clone())
+                .len(rows.len())
+                .add_buffer(reduced.values.clone())
+                .nulls(nulls)
+                .build()?;
+            columns.push(make_array(data));
+        }
+        Ok(Some(RecordBatch::try_new(Arc::clone(&self.schema), columns)?))
+    }
+
+    /// The groups of `codes` and their states over `arguments`.
+    fn fold<B: JoinBackend, K: NormalizedKey>(
+        &self,
+        backend: &B,
+        codes: &[K],
+        arguments: &[ArrayRef],
+    ) -> Result<crate::backend::Groups> {
+        let keys = backend.upload(codes)?;
+        let columns = self
+            .states
+            .iter()
+            .map(|state| match state.source {
+                Source::Validity(i) => match arguments[i].logical_nulls() {
+                    Some(nulls) if nulls.null_count() > 0 => {
+                        let flags = BooleanArray::new(BooleanBuffer::new_set(nulls.len()), Some(nulls));
+                        backend.upload_column(&(Arc::new(flags) as ArrayRef)).map(Some)
+                    }
+                    _ => Ok(None),
+                },
+                Source::Values(i) => backend.upload_column(&arguments[i]).map(Some),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let reductions: Vec<_> = self.states.iter().zip(&columns).map(|(s, c)| (s.reduction, c.as_ref())).collect();
+        backend.group_rows(&keys, &reductions)
+    }
+}
+
+/// Each of `count` columns, its pieces end to end.
+fn joined(pieces: &[Vec<ArrayRef>], count: usize) -> Result<Vec<ArrayRef>> {
+    (0..count)
+        .map(|c| {
+            let parts: Vec<&dyn Array> = pieces.iter().map(|piece| piece[c].as_ref()).collect();
+            Ok(concat(&parts)?)
+        })
+        .collect()
+}
+
+/// The width of a sum of `argument` values kept as `state`, where the
+/// backend sums them: 8-byte integers into their own type, decimals of 16
+/// bytes into a decimal of the same scale.
+fn summed(argument: &DataType, state: &DataType) -> Option<IntegerWidth> {
+    match (argument, state) {
+        (DataType::Int64, DataType::Int64) | (DataType::UInt64, DataType::UInt64) => Some(IntegerWidth::Eight),
+        (DataType::Decimal128(_, scale), DataType::Decimal128(_, state_scale)) if scale == state_scale => {
+            Some(IntegerWidth::Sixteen)
+        }
+        _ => None,
+    }
+}
+
+/// The width of values whose order is their signed integers', where the
+/// backend keeps their minimum and maximum: 16-byte decimals only up to 18
+/// digits, which lie within 8 bytes.
+fn ordered(data_type: &DataType) -> Option<IntegerWidth> {
+    use DataType::*;
+    match data_type {
+        Int32 | Date32 | Time32(_) => Some(IntegerWidth::Four),
+        Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => Some(IntegerWidth::Eight),
+        Decimal128(precision, _) if *precision <= 18 => Some(IntegerWidth::Sixteen),
+        _ => None,
+    }
+}
