@@ -381,18 +381,20 @@ extensions_options! {
         /// only reaches the scans, which skip row groups with it. EXPLAIN
         /// shows `filters_from_above=[…]` on the joins below.
         pub filters_from_above: bool, default = true
-        /// Group the rows of DataFusion's partial aggregations on the
-        /// backend: where the grouping columns are integers, dates, times,
-        /// decimals or booleans and every aggregate is a `count`, or a
-        /// `sum`, `min`, `max` or `avg` of integers, decimals, dates or
-        /// times (no DISTINCT, FILTER or ORDER BY), over at least
-        /// `min_rows` estimated input rows. DataFusion still evaluates the
-        /// grouping and argument expressions, and its final aggregation
-        /// merges the groups. `EXPLAIN` shows `GpuAggregateExec`; the
-        /// aggregations that stay are logged as `explain` says.
+        /// Group the rows of DataFusion's aggregations on the backend:
+        /// where the grouping columns are integers, dates, times, decimals
+        /// or booleans and every aggregate is a `count`, or a `sum`, `min`,
+        /// `max` or `avg` of integers, decimals, dates or times (no
+        /// DISTINCT, FILTER or ORDER BY), over at least `min_rows`
+        /// estimated input rows. Partial aggregations fold rows into
+        /// states; final ones merge them where each aggregate's value is
+        /// its state (not `avg`). DataFusion still evaluates the grouping
+        /// and argument expressions. `EXPLAIN` shows `GpuAggregateExec`;
+        /// the aggregations that stay are logged as `explain` says.
         pub aggregate: bool, default = false
-        /// Input rows of a partition grouped at once by `aggregate`; each
-        /// chunk's groups leave before the next chunk is read.
+        /// Input rows of a partition grouped at once by `aggregate`: a
+        /// partial aggregation's groups of each chunk leave before the next
+        /// chunk is read; a final one merges each chunk into its groups.
         pub aggregate_chunk_rows: usize, default = 1 << 23
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the

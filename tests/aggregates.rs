@@ -1,8 +1,10 @@
-//! Partial aggregations grouped on the backend (`gpu_join.aggregate`),
-//! against DataFusion's on fresh random rows: every aggregate the backend
-//! folds, NULL keys and values, duplicates, heavy skew, many groups, empty
-//! input, sums past 64 bits, chunks of a few rows, and keys that do not
-//! pack (left to DataFusion chunk by chunk).
+//! Partial and final aggregations grouped on the backend
+//! (`gpu_join.aggregate`), against DataFusion's on fresh random rows: every
+//! aggregate the backend folds or merges, NULL keys and values, duplicates,
+//! heavy skew, many groups, empty input, sums past 64 bits, chunks of a few
+//! rows (a final aggregation merging many chunks), and keys that do not pack
+//! (left to DataFusion chunk by chunk, and a final aggregation's whole
+//! partition).
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
+use datafusion::physical_plan::aggregates::AggregateOutputMode;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::GpuJoinConfig;
@@ -117,46 +120,89 @@ fn gpu_aggregates(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuAggregateExec> {
     found
 }
 
+/// What a `GpuAggregateExec` of a plan did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ran {
+    /// Whether it is a final aggregation.
+    final_groups: bool,
+    /// Input rows it grouped on the backend.
+    on_backend: usize,
+    /// Input rows it left to DataFusion's aggregation.
+    on_datafusion: usize,
+    /// Groups it emitted.
+    groups: usize,
+}
+
 /// Runs `sql` in both sessions, checks that they give the same rows and
-/// returns the rows that the plan's `GpuAggregateExec`s grouped on the
-/// backend and left to DataFusion, and the number of such nodes.
-async fn compare(contexts: &[SessionContext; 2], sql: &str) -> (usize, usize, usize) {
+/// returns what each `GpuAggregateExec` of the plan did, partial ones
+/// first.
+async fn compare(contexts: &[SessionContext; 2], sql: &str) -> Vec<Ran> {
     let [gpu, datafusion] = contexts;
     let plan = gpu.sql(sql).await.expect(sql).create_physical_plan().await.expect(sql);
     let rows = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     let expected = datafusion.sql(sql).await.expect(sql).collect().await.expect(sql);
     assert_eq!(sorted_rows(&rows), sorted_rows(&expected), "{sql}");
-    let aggregates = gpu_aggregates(&plan);
-    let metric = |name: &str| -> usize {
-        aggregates.iter().filter_map(|a| a.metrics()?.sum_by_name(name)).map(|m| m.as_usize()).sum()
-    };
-    (metric("rows_on_backend"), metric("rows_on_datafusion"), aggregates.len())
+    let mut ran: Vec<Ran> = gpu_aggregates(&plan)
+        .into_iter()
+        .map(|aggregate| {
+            let metrics = aggregate.metrics().expect("metrics");
+            let metric = |name: &str| metrics.sum_by_name(name).map_or(0, |m| m.as_usize());
+            Ran {
+                final_groups: aggregate.aggregate().mode().output_mode() == AggregateOutputMode::Final,
+                on_backend: metric("rows_on_backend"),
+                on_datafusion: metric("rows_on_datafusion"),
+                groups: metric("groups"),
+            }
+        })
+        .collect();
+    ran.sort_by_key(|r| r.final_groups);
+    ran
 }
 
-const AGGREGATES: &str = "count(*), count(v), sum(v), min(v), max(v), sum(p), avg(p), min(p), max(p), \
+/// Every aggregate the backend merges in a final aggregation.
+const AGGREGATES: &str = "count(*), count(v), sum(v), min(v), max(v), sum(p), min(p), max(p), \
                           min(d), max(d), count(s), sum(w), min(g), max(g), sum(p * (1 - q))";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn partial_aggregations_grouped_on_the_backend_match_datafusion() {
+async fn aggregations_grouped_on_the_backend_match_datafusion() {
     let mut rng = StdRng::from_os_rng();
     for (keys, rows, null_every, chunk_rows) in [
         (Keys::Duplicated, 20_000, 10, 1 << 23),
         (Keys::Duplicated, 20_000, 2, 777),
         (Keys::Skewed, 30_000, 20, 4096),
         (Keys::Distinct, 25_000, 1000, 1 << 23),
+        (Keys::Distinct, 25_000, 5, 1000),
         (Keys::Duplicated, 3, 2, 1),
     ] {
         let batches = table(rows, keys, null_every, &mut rng);
         let contexts = sessions(&batches, chunk_rows);
         for group_by in ["k", "k, g", "g, b, d", "d"] {
             let sql = format!("SELECT {group_by}, {AGGREGATES} FROM t GROUP BY {group_by}");
-            let (on_backend, on_datafusion, nodes) = compare(&contexts, &sql).await;
-            assert_eq!(nodes, 1, "{keys:?}: {sql}");
-            assert_eq!((on_backend, on_datafusion), (rows, 0), "{keys:?}, chunks of {chunk_rows}: {sql}");
+            let ran = compare(&contexts, &sql).await;
+            let [partial, last] = ran.as_slice() else {
+                panic!("{keys:?}: {sql}: not a partial and a final GpuAggregateExec: {ran:?}");
+            };
+            assert_eq!(
+                (partial.on_backend, partial.on_datafusion),
+                (rows, 0),
+                "{keys:?}, chunks of {chunk_rows}: {sql}"
+            );
+            // The final aggregation merges every group the partial ones sent.
+            assert_eq!((last.on_backend, last.on_datafusion), (partial.groups, 0), "{keys:?}: {sql}");
         }
+        // An average's final value is a division, which DataFusion's final
+        // aggregation makes from the partial states the backend folded.
+        let sql = "SELECT k, avg(p), count(*) FROM t GROUP BY k";
+        let ran = compare(&contexts, sql).await;
+        assert_eq!(ran.iter().map(|r| (r.final_groups, r.on_backend)).collect::<Vec<_>>(), [(false, rows)], "{sql}");
+        // DataFusion plans a distinct count as two groupings, both on the
+        // backend.
+        let distinct = "SELECT k, count(DISTINCT g) FROM t GROUP BY k";
+        let ran = compare(&contexts, distinct).await;
+        assert_eq!(ran.iter().filter(|r| r.on_datafusion == 0).count(), 4, "{keys:?}: {distinct}: {ran:?}");
         let having = "SELECT k, sum(v) FROM t WHERE g > 0 GROUP BY k HAVING count(*) > 1";
-        let (on_backend, _, _) = compare(&contexts, having).await;
-        assert!(on_backend > 0 || rows < 10, "{keys:?}: {having}");
+        let ran = compare(&contexts, having).await;
+        assert!(ran.iter().all(|r| r.on_datafusion == 0), "{keys:?}: {having}: {ran:?}");
     }
 }
 
@@ -165,26 +211,65 @@ async fn keys_that_do_not_pack_are_grouped_by_datafusion_chunk_by_chunk() {
     let batches = table(10_000, Keys::Distinct, 50, &mut StdRng::from_os_rng());
     let contexts = sessions(&batches, 3000);
     let sql = format!("SELECT wide, k, {AGGREGATES} FROM t GROUP BY wide, k");
-    assert_eq!(compare(&contexts, &sql).await, (0, 10_000, 1), "{sql}");
+    let ran = compare(&contexts, &sql).await;
+    let [partial, last] = ran.as_slice() else {
+        panic!("{sql}: not a partial and a final GpuAggregateExec: {ran:?}");
+    };
+    assert_eq!((partial.on_backend, partial.on_datafusion), (0, 10_000), "{sql}");
+    assert_eq!((last.on_backend, last.on_datafusion), (0, partial.groups), "{sql}");
+}
+
+/// A final aggregation whose later chunks do not pack hands the groups it
+/// merged so far to DataFusion's aggregation with the rest of its input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_final_aggregation_that_cannot_merge_a_chunk_leaves_its_groups_to_datafusion() {
+    let mut batches = table(20_000, Keys::Duplicated, 20, &mut StdRng::from_os_rng());
+    // Rows whose key packs only with the 64 bits of `wide` to itself: the
+    // groups of `k, d` over them do not pack once `d` spans every date.
+    let far = table(4, Keys::Distinct, 1000, &mut StdRng::from_os_rng());
+    batches.extend(far.into_iter().map(|batch| {
+        let mut columns = batch.columns().to_vec();
+        columns[0] = Arc::new(Int64Array::from(
+            vec![Some(i64::MIN), Some(i64::MAX), None, Some(0)][..batch.num_rows()].to_vec(),
+        ));
+        RecordBatch::try_new(schema(), columns).expect("a batch")
+    }));
+    let contexts = sessions(&batches, 2000);
+    let sql = format!("SELECT k, d, {AGGREGATES} FROM t GROUP BY k, d");
+    let ran = compare(&contexts, &sql).await;
+    let [_, last] = ran.as_slice() else {
+        panic!("{sql}: not a partial and a final GpuAggregateExec: {ran:?}");
+    };
+    assert!(last.on_datafusion > 0, "{sql}: {ran:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aggregations_the_backend_cannot_fold_stay_datafusion_s() {
     let batches = table(5_000, Keys::Duplicated, 10, &mut StdRng::from_os_rng());
     let contexts = sessions(&batches, 1 << 23);
-    for sql in [
-        "SELECT s, sum(v) FROM t GROUP BY s",
-        "SELECT k, sum(v) FILTER (WHERE g > 0) FROM t GROUP BY k",
-        "SELECT k, max(s) FROM t GROUP BY k",
-        "SELECT k, bit_and(v) FROM t GROUP BY k",
-        "SELECT k, min(w) FROM t GROUP BY k",
-        "SELECT k, avg(w) FROM t GROUP BY k",
-        "SELECT sum(v), count(*) FROM t",
-        "SELECT k, g, sum(v) FROM t GROUP BY ROLLUP (k, g)",
+    // The partial aggregations stay; the final ones above them merge on
+    // the backend where they can: a filtered sum's states are sums.
+    for (sql, merged) in [
+        ("SELECT s, sum(v) FROM t GROUP BY s", false),
+        ("SELECT k, sum(v) FILTER (WHERE g > 0) FROM t GROUP BY k", true),
+        ("SELECT k, max(s) FROM t GROUP BY k", false),
+        ("SELECT k, bit_and(v) FROM t GROUP BY k", false),
+        ("SELECT k, min(w) FROM t GROUP BY k", false),
+        ("SELECT k, avg(w) FROM t GROUP BY k", false),
+        ("SELECT sum(v), count(*) FROM t", false),
+        // A rollup's final aggregation groups by its grouping id too.
+        ("SELECT k, g, sum(v) FROM t GROUP BY ROLLUP (k, g)", true),
     ] {
-        assert_eq!(compare(&contexts, sql).await, (0, 0, 0), "{sql}");
+        let ran = compare(&contexts, sql).await;
+        let expected: &[(bool, usize)] = if merged { &[(true, 0)] } else { &[] };
+        assert_eq!(ran.iter().map(|r| (r.final_groups, r.on_datafusion)).collect::<Vec<_>>(), expected, "{sql}");
     }
     let empty = sessions(&[], 1 << 23);
     let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
-    assert_eq!(compare(&empty, &sql).await, (0, 0, 1), "{sql}");
+    let ran = compare(&empty, &sql).await;
+    assert_eq!(
+        ran.iter().map(|r| (r.on_backend, r.on_datafusion, r.groups)).collect::<Vec<_>>(),
+        [(0, 0, 0); 2],
+        "{sql}"
+    );
 }

@@ -1,15 +1,18 @@
-//! DataFusion's partial aggregation of a chunk of rows, grouped on a
-//! backend.
+//! DataFusion's aggregation of a chunk of rows, grouped on a backend.
 //!
 //! DataFusion evaluates the grouping and argument expressions on the host;
 //! the keys become exact normalised keys, as a join's packed keys, with
 //! NULLs coded as values (a NULL is a group of its own), and the backend
 //! groups them and folds each aggregate's state ([`JoinBackend::group_rows`]).
-//! What comes back is the rows of DataFusion's partial aggregation: the
+//! What comes back is the rows DataFusion's aggregation would emit: the
 //! grouping columns, taken from one row of each group, then each
-//! aggregate's state fields, which the final aggregation above merges. A
-//! chunk whose keys do not pack into 64 bits has no exact key; it is left
-//! to DataFusion's aggregation, as is every aggregation that
+//! aggregate's state fields. A partial aggregation folds rows into states,
+//! which the final aggregation above merges; a final one (and one that
+//! reduces partial states to fewer) merges states: counts are summed, sums
+//! summed, minima and maxima kept. Where a final aggregation's value is its
+//! state (`count`, `sum`, `min`, `max`), its merged states are its output.
+//! A chunk whose keys do not pack into 64 bits has no exact key; it is
+//! left to DataFusion's aggregation, as is every aggregation that
 //! [`AggregateNotOnGpu`] names.
 
 use std::fmt;
@@ -23,8 +26,9 @@ use datafusion::common::NullEquality;
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode, AggregateOutputMode};
 
 use crate::backend::{IntegerWidth, JoinBackend, Reduction};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, NormalizedKeys, is_packable_key_type};
@@ -32,8 +36,8 @@ use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, Normalized
 /// Why an aggregation stays on DataFusion's operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AggregateNotOnGpu {
-    /// Not a partial aggregation of raw rows (a final one merges states).
-    NotPartial,
+    /// Rows in, final values out (a single-phase aggregation).
+    SinglePhase,
     /// No grouping columns (one group, which DataFusion folds as fast).
     NoGrouping,
     /// `GROUPING SETS`, `ROLLUP` or `CUBE`.
@@ -51,7 +55,7 @@ pub enum AggregateNotOnGpu {
 impl fmt::Display for AggregateNotOnGpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AggregateNotOnGpu::NotPartial => write!(f, "not a partial aggregation of rows"),
+            AggregateNotOnGpu::SinglePhase => write!(f, "rows in and final values out (a single phase)"),
             AggregateNotOnGpu::NoGrouping => write!(f, "no grouping columns"),
             AggregateNotOnGpu::GroupingSets => write!(f, "grouping sets"),
             AggregateNotOnGpu::Ordered => write!(f, "groups in input order or a limit of groups"),
@@ -85,21 +89,27 @@ struct StateColumn {
     nulls_of_next: bool,
 }
 
-/// A partial aggregation as the backend runs it.
+/// An aggregation as the backend runs it.
 #[derive(Debug)]
 pub struct Grouping {
     group_by: Vec<Arc<dyn PhysicalExpr>>,
     arguments: Vec<Arc<dyn PhysicalExpr>>,
     states: Vec<StateColumn>,
     schema: SchemaRef,
+    input_schema: SchemaRef,
+    /// Whether it emits each group once per partition (a final
+    /// aggregation), rather than once per chunk (a partial one).
+    final_groups: bool,
 }
 
 impl Grouping {
     /// `aggregate` as the backend runs it, or why it cannot.
     pub fn of(aggregate: &AggregateExec) -> Result<std::result::Result<Self, AggregateNotOnGpu>> {
-        let groups = aggregate.group_expr();
-        let refusal = if *aggregate.mode() != AggregateMode::Partial {
-            Some(AggregateNotOnGpu::NotPartial)
+        let (groups, mode) = (aggregate.group_expr(), aggregate.mode());
+        let merging = mode.input_mode() == AggregateInputMode::Partial;
+        let final_groups = mode.output_mode() == AggregateOutputMode::Final;
+        let refusal = if final_groups && !merging {
+            Some(AggregateNotOnGpu::SinglePhase)
         } else if groups.expr().is_empty() {
             Some(AggregateNotOnGpu::NoGrouping)
         } else if !groups.is_single() {
@@ -114,7 +124,9 @@ impl Grouping {
         if let Some(refusal) = refusal {
             return Ok(Err(refusal));
         }
-        let input = aggregate.input_schema();
+        // The rows it reads: in a final aggregation the partial states,
+        // which `input_schema` (the first phase's input) does not describe.
+        let input = aggregate.input().schema();
         for (expr, _) in groups.expr() {
             let data_type = expr.data_type(&input)?;
             if !is_packable_key_type(&data_type) {
@@ -126,17 +138,27 @@ impl Grouping {
             arguments: vec![],
             states: vec![],
             schema: aggregate.schema(),
+            input_schema: Arc::clone(&input),
+            final_groups,
         };
+        // A merging aggregation's input holds the grouping columns, then
+        // each aggregate's state fields in turn.
+        let mut state_column = groups.expr().len();
         for (function, filter) in aggregate.aggr_expr().iter().zip(aggregate.filter_expr()) {
-            if let Err(why) = grouping.add(function, filter.is_some(), &input)? {
+            let added = match merging {
+                false => grouping.add(function, filter.is_some(), &input)?,
+                true => grouping.add_merged(function, state_column)?,
+            };
+            state_column += function.state_fields()?.len();
+            if let Err(why) = added {
                 return Ok(Err(AggregateNotOnGpu::Aggregate(function.name().to_string(), why)));
             }
         }
         Ok(Ok(grouping))
     }
 
-    /// Adds an aggregate's state columns, or says why the backend cannot
-    /// fold it.
+    /// Adds an aggregate's state columns, folded from its argument's
+    /// values, or says why the backend cannot fold it.
     fn add(
         &mut self,
         function: &AggregateFunctionExpr,
@@ -154,7 +176,6 @@ impl Grouping {
         let argument_type = argument.data_type(input)?;
         let state_types: Vec<&DataType> = states.iter().map(|field| field.data_type()).collect();
         let index = self.arguments.len();
-        let averaged = name == "avg";
         let columns = match (name, state_types.as_slice()) {
             ("count", [DataType::Int64]) => vec![(Reduction::Count, Source::Validity(index))],
             ("sum", [state]) => match summed(&argument_type, state) {
@@ -175,15 +196,77 @@ impl Grouping {
             _ => return Ok(Err("not count, sum, min, max or avg")),
         };
         self.arguments.push(Arc::clone(argument));
-        for (i, ((reduction, source), data_type)) in columns.into_iter().zip(state_types).enumerate() {
-            let nulls_of_next = averaged && i == 0;
-            self.states.push(StateColumn { reduction, source, data_type: data_type.clone(), nulls_of_next });
-        }
+        self.push_states(name, columns, &state_types);
         Ok(Ok(()))
+    }
+
+    /// Adds an aggregate's state columns, merged from its states in the
+    /// input from column `first` on, or says why the backend cannot merge
+    /// them.
+    fn add_merged(
+        &mut self,
+        function: &AggregateFunctionExpr,
+        first: usize,
+    ) -> Result<std::result::Result<(), &'static str>> {
+        let name = function.fun().name();
+        if function.is_distinct() || !function.order_bys().is_empty() {
+            return Ok(Err("DISTINCT or ORDER BY"));
+        }
+        let states = function.state_fields()?;
+        let state_types: Vec<&DataType> = states.iter().map(|field| field.data_type()).collect();
+        if self.final_groups && (state_types.len() != 1 || state_types[0] != function.field().data_type()) {
+            return Ok(Err("a final value that is not its state"));
+        }
+        let index = self.arguments.len();
+        let columns = match (name, state_types.as_slice()) {
+            ("count", [DataType::Int64]) => vec![(Reduction::Sum(IntegerWidth::Eight), Source::Values(index))],
+            ("sum", [state]) => match summed(state, state) {
+                Some(width) => vec![(Reduction::Sum(width), Source::Values(index))],
+                None => return Ok(Err("a sum of this type")),
+            },
+            ("min" | "max", [state]) => match ordered(state) {
+                Some(width) if name == "min" => vec![(Reduction::Min(width), Source::Values(index))],
+                Some(width) => vec![(Reduction::Max(width), Source::Values(index))],
+                None => return Ok(Err("a minimum or maximum of this type")),
+            },
+            ("avg", [DataType::UInt64, sum]) => match summed(sum, sum) {
+                Some(width) => vec![
+                    (Reduction::Sum(IntegerWidth::Eight), Source::Values(index)),
+                    (Reduction::Sum(width), Source::Values(index + 1)),
+                ],
+                None => return Ok(Err("an average of this type")),
+            },
+            _ => return Ok(Err("not count, sum, min, max or avg")),
+        };
+        for (i, field) in states.iter().enumerate() {
+            self.arguments.push(Arc::new(Column::new(field.name(), first + i)));
+        }
+        self.push_states(name, columns, &state_types);
+        Ok(Ok(()))
+    }
+
+    fn push_states(&mut self, name: &str, columns: Vec<(Reduction, Source)>, state_types: &[&DataType]) {
+        for (i, ((reduction, source), data_type)) in columns.into_iter().zip(state_types).enumerate() {
+            let nulls_of_next = name == "avg" && i == 0;
+            self.states.push(StateColumn { reduction, source, data_type: (*data_type).clone(), nulls_of_next });
+        }
     }
 
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// Whether each group leaves once per partition, after every row of
+    /// it is merged, rather than once per chunk of rows.
+    pub fn final_groups(&self) -> bool {
+        self.final_groups
+    }
+
+    /// `groups`, which this grouping made, as rows of its input, to be
+    /// merged again with more: a final aggregation's output columns are
+    /// its input's, as [`Grouping::of`] checks.
+    pub fn as_input(&self, groups: &RecordBatch) -> Result<RecordBatch> {
+        Ok(RecordBatch::try_new(Arc::clone(&self.input_schema), groups.columns().to_vec())?)
     }
 
     /// The partial aggregation of `batches` on `backend`: one row per

@@ -1,14 +1,17 @@
-//! `GpuAggregateExec`: DataFusion's partial aggregation, its rows grouped
-//! on the backend (`gpu_join.aggregate`).
+//! `GpuAggregateExec`: DataFusion's aggregation, its rows grouped on the
+//! backend (`gpu_join.aggregate`).
 //!
 //! It keeps the `AggregateExec` it replaces, which defines what it promises
 //! the plan (schema, partitioning, statistics, the filters it passes down)
 //! and aggregates, as DataFusion does, each chunk whose keys the backend
 //! cannot group exactly or whose grouping fails on the device (out of
 //! memory, say): every chunk's rows are grouped once, by one of the two.
-//! Each chunk's groups leave as soon as they are made, to be merged by the
-//! final aggregation above, as DataFusion's partial aggregation emits its
-//! groups when it runs out of memory.
+//! A partial aggregation's groups of each chunk leave as soon as they are
+//! made, to be merged by the final aggregation above, as DataFusion's
+//! partial aggregation emits its groups when it runs out of memory. A
+//! final aggregation emits each group once: each chunk is merged into the
+//! groups so far, and once a chunk cannot be, those groups and the rest of
+//! the input go to DataFusion's aggregation together.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -42,7 +45,7 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::{BackendHandle, DeviceCounters, JoinBackend, cpu::CpuBackend};
 use crate::config::GpuJoinConfig;
 
-/// A partial aggregation whose groups the backend makes.
+/// An aggregation whose groups the backend makes.
 #[derive(Debug)]
 pub struct GpuAggregateExec {
     /// DataFusion's aggregation it replaces.
@@ -148,6 +151,7 @@ impl ExecutionPlan for GpuAggregateExec {
             input,
             chunk: vec![],
             rows: 0,
+            merged: None,
             phase: Phase::Reading,
             aggregate: Arc::clone(&self.aggregate),
             grouping: Arc::clone(&self.grouping),
@@ -223,13 +227,20 @@ impl AggregateMetrics {
 
 /// Where a partition's stream stands.
 ///
+/// A partial aggregation sends each chunk's groups on; a final one merges
+/// each chunk into the groups so far and sends them when its input ends.
+///
 /// ```text
-/// Reading ──(chunk_rows rows in)──▶ Emitting ──(its groups sent)──▶ Reading
-/// Reading ──(input ends)──▶ Ending ──(the last chunk's groups sent)──▶ Done
+/// Reading ──(chunk_rows rows in; partial)──▶ Emitting ──(its groups sent)──▶ Reading
+/// Reading ──(chunk_rows rows in; final: merged into the groups so far)──▶ Reading
+/// Reading ──(final: a chunk the backend cannot merge)──▶ Collecting
+/// Collecting ──(input ends: DataFusion aggregates the groups so far and the rest)──▶ Ending
+/// Reading ──(input ends: the last chunk grouped)──▶ Ending ──(its groups sent)──▶ Done
 /// ```
 enum Phase {
     Reading,
     Emitting(VecDeque<RecordBatch>),
+    Collecting,
     Ending(VecDeque<RecordBatch>),
     Done,
 }
@@ -238,7 +249,10 @@ enum Phase {
 struct Chunks {
     input: SendableRecordBatchStream,
     chunk: Vec<RecordBatch>,
+    /// Input rows in `chunk`.
     rows: usize,
+    /// A final aggregation's groups of the chunks merged so far.
+    merged: Option<RecordBatch>,
     phase: Phase,
     aggregate: Arc<AggregateExec>,
     grouping: Arc<Grouping>,
@@ -267,10 +281,31 @@ impl Chunks {
                         self.rows += batch.num_rows();
                         self.chunk.push(batch);
                         if self.rows >= self.chunk_rows {
-                            self.phase = Phase::Emitting(self.group_chunk().await?);
+                            self.phase = match self.grouping.final_groups() {
+                                false => Phase::Emitting(self.group_chunk().await?),
+                                true if self.merge_chunk().await? => Phase::Reading,
+                                true => Phase::Collecting,
+                            };
                         }
                     }
-                    None => self.phase = Phase::Ending(self.group_chunk().await?),
+                    None if !self.grouping.final_groups() => self.phase = Phase::Ending(self.group_chunk().await?),
+                    None => {
+                        let groups = match self.merge_chunk().await? {
+                            true => self.merged.take().into_iter().collect(),
+                            false => self.on_datafusion().await?,
+                        };
+                        self.phase = Phase::Ending(self.sliced(groups));
+                    }
+                },
+                Phase::Collecting => match self.input.next().await.transpose()? {
+                    Some(batch) => {
+                        self.metrics.rows_on_datafusion.add(batch.num_rows());
+                        self.chunk.push(batch);
+                    }
+                    None => {
+                        let groups = self.on_datafusion().await?;
+                        self.phase = Phase::Ending(self.sliced(groups));
+                    }
                 },
             }
         }
@@ -279,30 +314,75 @@ impl Chunks {
     /// The groups of the chunk read so far, in batches of the session's
     /// size.
     async fn group_chunk(&mut self) -> Result<VecDeque<RecordBatch>> {
-        let (batches, rows) = (std::mem::take(&mut self.chunk), std::mem::take(&mut self.rows));
-        if rows == 0 {
+        if self.rows == 0 {
             return Ok(VecDeque::new());
         }
-        let timer = self.metrics.grouping_time.timer();
-        let (grouping, tasks) = (Arc::clone(&self.grouping), self.concurrent_tasks);
-        let grouped = match self.backend.clone() {
-            BackendHandle::Cpu => on_backend::<CpuBackend>((), grouping, batches.clone(), tasks).await,
-            BackendHandle::Cuda(device) => on_backend::<CudaBackend>(device, grouping, batches.clone(), tasks).await,
+        let groups = match self.on_backend().await? {
+            Some(groups) => vec![groups],
+            None => self.on_datafusion().await?,
         };
-        let groups = match grouped {
+        Ok(self.sliced(groups))
+    }
+
+    /// Merges the chunk read so far into the groups so far, on the
+    /// backend; false where it cannot, and both wait in the chunk for
+    /// DataFusion's aggregation.
+    async fn merge_chunk(&mut self) -> Result<bool> {
+        if self.rows == 0 {
+            return Ok(true);
+        }
+        if let Some(merged) = self.merged.take() {
+            self.chunk.insert(0, self.grouping.as_input(&merged)?);
+        }
+        match self.on_backend().await? {
+            Some(groups) => {
+                self.merged = Some(groups);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The chunk's groups made on the backend, the chunk taken; `None`,
+    /// with the chunk left and its rows counted as DataFusion's, where the
+    /// backend cannot group it.
+    async fn on_backend(&mut self) -> Result<Option<RecordBatch>> {
+        let timer = self.metrics.grouping_time.timer();
+        let (grouping, tasks, batches) = (Arc::clone(&self.grouping), self.concurrent_tasks, self.chunk.clone());
+        let grouped = match self.backend.clone() {
+            BackendHandle::Cpu => on_backend::<CpuBackend>((), grouping, batches, tasks).await,
+            BackendHandle::Cuda(device) => on_backend::<CudaBackend>(device, grouping, batches, tasks).await,
+        };
+        timer.done();
+        let rows = std::mem::take(&mut self.rows);
+        match grouped {
             Ok(Some(groups)) => {
                 self.metrics.rows_on_backend.add(rows);
-                vec![groups]
+                self.chunk.clear();
+                Ok(Some(groups))
             }
             outcome => {
                 if let Err(e) = outcome {
                     log::warn!("gpu_join: a chunk of {rows} rows is aggregated by DataFusion: {e}");
                 }
                 self.metrics.rows_on_datafusion.add(rows);
-                on_datafusion(Arc::clone(&self.aggregate), batches, Arc::clone(&self.context)).await?
+                Ok(None)
             }
-        };
+        }
+    }
+
+    /// The groups of the chunk, the chunk taken, made by DataFusion's
+    /// aggregation.
+    async fn on_datafusion(&mut self) -> Result<Vec<RecordBatch>> {
+        let timer = self.metrics.grouping_time.timer();
+        let batches = std::mem::take(&mut self.chunk);
+        let groups = on_datafusion(Arc::clone(&self.aggregate), batches, Arc::clone(&self.context)).await;
         timer.done();
+        groups
+    }
+
+    /// `groups` in batches of the session's size, counted.
+    fn sliced(&self, groups: Vec<RecordBatch>) -> VecDeque<RecordBatch> {
         let mut out = VecDeque::new();
         for batch in groups {
             self.metrics.groups.add(batch.num_rows());
@@ -313,7 +393,7 @@ impl Chunks {
                 offset += len;
             }
         }
-        Ok(out)
+        out
     }
 }
 

@@ -1,4 +1,4 @@
-//! Which partial aggregations group their rows on the backend
+//! Which aggregations group their rows on the backend
 //! (`gpu_join.aggregate`), and why the others stay DataFusion's.
 
 use std::sync::Arc;
@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::aggregates::AggregateExec;
 
 use super::assess::session_devices;
 use crate::algorithms::Grouping;
@@ -14,7 +14,7 @@ use crate::algorithms::choice::PlanStatistics;
 use crate::config::{ExplainChoice, GpuJoinConfig};
 use crate::exec::GpuAggregateExec;
 
-/// `plan` with each partial aggregation the backend can group swapped for
+/// `plan` with each aggregation the backend can group swapped for
 /// a [`GpuAggregateExec`] over the same input; the others are logged with
 /// their reason, as `gpu_join.explain` says.
 pub(super) fn group_on_backend(
@@ -33,9 +33,6 @@ pub(super) fn group_on_backend(
         let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
             return Ok(Transformed::no(node));
         };
-        if *aggregate.mode() != AggregateMode::Partial {
-            return Ok(Transformed::no(node));
-        }
         let input_rows = statistics.of(aggregate.input()).and_then(|s| s.num_rows.get_value().copied());
         let reason = match Grouping::of(aggregate)? {
             Ok(_) if input_rows.is_some_and(|rows| rows < options.min_rows) => {
@@ -52,7 +49,7 @@ pub(super) fn group_on_backend(
             Err(reason) => reason.to_string(),
         };
         if options.explain != ExplainChoice::None {
-            log::info!("gpu_join: a partial aggregation stays on DataFusion: {reason}");
+            log::info!("gpu_join: an aggregation ({:?}) stays on DataFusion: {reason}", aggregate.mode());
         }
         Ok(Transformed::no(node))
     })?;
