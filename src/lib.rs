@@ -42,5 +42,8 @@ mod values;
 
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;
-pub use rule::{GpuJoinRule, JoinDecision, NotOnGpu, Placement, plan_decisions, replace_joins_as_planned};
+pub use rule::{
+    AggregateDecision, AggregatePlacement, GpuJoinRule, JoinDecision, NotOnGpu, Placement, plan_aggregate_decisions,
+    plan_decisions, replace_joins_as_planned,
+};
 pub use session::{GpuJoinContextExt, SessionStateBuilderExt, register};

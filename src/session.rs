@@ -10,7 +10,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::backend::cuda_backend;
 use crate::config::{BackendChoice, GpuJoinConfig};
-use crate::rule::{GpuJoinRule, JoinDecision, plan_decisions};
+use crate::rule::{AggregateDecision, GpuJoinRule, JoinDecision, plan_aggregate_decisions, plan_decisions};
 
 /// The rule goes right before this one, which plants hash joins' dynamic
 /// filters: joins must be replaced first so that no filter is left unfed.
@@ -76,11 +76,16 @@ impl SessionStateBuilderExt for SessionStateBuilder {
     }
 }
 
-/// Where the joins of a query run, without running it.
+/// Where the joins and aggregations of a query run, without running it.
 pub trait GpuJoinContextExt {
     /// Plans `sql` and lists each join: replaced by `GpuJoinExec`, or kept on
     /// DataFusion's operator with the reason.
     fn gpu_join_decisions(&self, sql: &str) -> impl Future<Output = Result<Vec<JoinDecision>>> + Send;
+
+    /// Plans `sql` and lists each aggregation: grouped on the backend by a
+    /// `GpuAggregateExec` (`gpu_join.aggregate`), or kept on DataFusion's
+    /// operator with the reason.
+    fn gpu_aggregate_decisions(&self, sql: &str) -> impl Future<Output = Result<Vec<AggregateDecision>>> + Send;
 
     /// `partitions` (a table's batches, as `MemTable` takes them) with the
     /// values of their fixed-width columns copied into pinned memory, each
@@ -98,6 +103,11 @@ impl GpuJoinContextExt for SessionContext {
     async fn gpu_join_decisions(&self, sql: &str) -> Result<Vec<JoinDecision>> {
         let plan = self.sql(sql).await?.create_physical_plan().await?;
         plan_decisions(&plan, self.state().config().options())
+    }
+
+    async fn gpu_aggregate_decisions(&self, sql: &str) -> Result<Vec<AggregateDecision>> {
+        let plan = self.sql(sql).await?.create_physical_plan().await?;
+        plan_aggregate_decisions(&plan, self.state().config().options())
     }
 
     fn gpu_join_pin_batches(&self, partitions: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {

@@ -18,10 +18,11 @@ use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::GpuJoinConfig;
 use datafusion_gpu_join::exec::GpuAggregateExec;
+use datafusion_gpu_join::{AggregateDecision, AggregatePlacement, GpuJoinContextExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{datafusion_context, gpu_context_with, sorted_rows, test_options};
+use crate::common::{datafusion_context, gpu_context_with, sorted_rows, test_backend_choice, test_options};
 
 /// How the keys of a table are drawn.
 #[derive(Debug, Clone, Copy)]
@@ -272,4 +273,33 @@ async fn aggregations_the_backend_cannot_fold_stay_datafusion_s() {
         [(0, 0, 0); 2],
         "{sql}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_aggregation_s_placement_is_reported_with_its_reason() {
+    let batches = table(2_000, Keys::Duplicated, 10, &mut StdRng::from_os_rng());
+    let [gpu, _] = sessions(&batches, 1 << 23);
+    let placements =
+        |decisions: Vec<AggregateDecision>| -> Vec<String> { decisions.iter().map(ToString::to_string).collect() };
+    let backend = test_backend_choice();
+    let on_backend = gpu.gpu_aggregate_decisions("SELECT k, sum(v) FROM t GROUP BY k").await.expect("planned");
+    assert_eq!(placements(on_backend), [format!("Partial {backend}"), format!("FinalPartitioned {backend}")]);
+    let string_keys = gpu.gpu_aggregate_decisions("SELECT s, sum(v) FROM t GROUP BY s").await.expect("planned");
+    assert_eq!(
+        placements(string_keys),
+        ["Partial: grouping column of type Utf8", "FinalPartitioned: grouping column of type Utf8"]
+    );
+    let average = gpu.gpu_aggregate_decisions("SELECT k, avg(v) FROM t GROUP BY k").await.expect("planned");
+    assert_eq!(
+        placements(average),
+        [format!("Partial {backend}"), "FinalPartitioned: aggregate avg: a final value that is not its state".into()]
+    );
+    // Off, every aggregation says so.
+    gpu.sql("SET gpu_join.aggregate = false").await.expect("set").collect().await.expect("set");
+    let off = gpu.gpu_aggregate_decisions("SELECT k, sum(v) FROM t GROUP BY k").await.expect("planned");
+    assert!(
+        off.iter().all(|d| d.placement == AggregatePlacement::NotOnGpu("gpu_join.aggregate is false".into())),
+        "{off:?}"
+    );
+    assert_eq!(off.len(), 2);
 }

@@ -1,7 +1,7 @@
 //! TPC-H (or TPC-DS) through a DataFusion session with the GPU join.
 //!
 //! Generates the tables in memory, or as Parquet files, runs the 22 queries
-//! and prints, per query, the time, the rows and where each join ran.
+//! and prints, per query, the time, the rows and where each join and aggregation ran.
 //!
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--backend auto|cuda|cpu]
@@ -44,7 +44,8 @@
 //! prints each session's median planning time (SQL to the physical plan); `--explain` prints each GPU join's line of EXPLAIN ANALYZE (its
 //! strategy, the reason, and its metrics); `--plans` prints the whole
 //! EXPLAIN ANALYZE of each query, DataFusion's too with `--compare`;
-//! `--placements` only plans each query and prints where its joins go,
+//! `--placements` only plans each query and prints where its joins and
+//! aggregations go (the variant's too where they differ),
 //! running none. `--set` sets another of the GPU
 //! join's options (`gpu_join.NAME`, see docs/configuration.md), for
 //! instance `--set probe_device_gather_ratio=0`, or, named in full, one of
@@ -108,7 +109,7 @@ use datafusion_distributed::{
 };
 use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
 use datafusion_gpu_join::distributed::{DistributedGpuJoinExt, GpuJoinWorker};
-use datafusion_gpu_join::{GpuJoinContextExt, Placement, SessionStateBuilderExt, backend};
+use datafusion_gpu_join::{AggregatePlacement, GpuJoinContextExt, Placement, SessionStateBuilderExt, backend};
 use gpu_join_workloads::{self as workloads, is_query, tpcds, tpch};
 use tokio::net::TcpListener;
 
@@ -421,29 +422,41 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
-/// Where a query's joins go, as the GPU session plans them.
+/// Where a query's joins and aggregations go, as a GPU session plans them.
+#[derive(PartialEq)]
 struct Placements {
     on_gpu: Vec<String>,
     /// Each with the reason it stays.
     on_datafusion: Vec<String>,
+    aggregates_on_gpu: Vec<String>,
+    /// Each with the reason it stays.
+    aggregates_on_datafusion: Vec<String>,
 }
 
 impl std::fmt::Display for Placements {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} joins on GPU join [{}], {} on DataFusion [{}]",
+            "{} joins on GPU join [{}], {} on DataFusion [{}]; {} aggregations on GPU [{}], {} on DataFusion [{}]",
             self.on_gpu.len(),
             self.on_gpu.join("; "),
             self.on_datafusion.len(),
-            self.on_datafusion.join("; ")
+            self.on_datafusion.join("; "),
+            self.aggregates_on_gpu.len(),
+            self.aggregates_on_gpu.join("; "),
+            self.aggregates_on_datafusion.len(),
+            self.aggregates_on_datafusion.join("; ")
         )
     }
 }
 
 async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<Placements> {
-    let mut on_gpu = vec![];
-    let mut on_cpu = vec![];
+    let mut placed = Placements {
+        on_gpu: vec![],
+        on_datafusion: vec![],
+        aggregates_on_gpu: vec![],
+        aggregates_on_datafusion: vec![],
+    };
     for statement in args.statements(query)? {
         if !is_query(&statement) {
             // Q15's view must exist while its query is planned.
@@ -453,13 +466,37 @@ async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<P
         for decision in ctx.gpu_join_decisions(&statement).await? {
             match decision.placement {
                 Placement::Gpu { backend, algorithm } => {
-                    on_gpu.push(format!("{:?} {backend} {algorithm}", decision.join_type))
+                    placed.on_gpu.push(format!("{:?} {backend} {algorithm}", decision.join_type))
                 }
-                Placement::NotOnGpu(reason) => on_cpu.push(format!("{:?}: {reason}", decision.join_type)),
+                Placement::NotOnGpu(reason) => placed.on_datafusion.push(format!("{:?}: {reason}", decision.join_type)),
+            }
+        }
+        for decision in ctx.gpu_aggregate_decisions(&statement).await? {
+            match decision.placement {
+                AggregatePlacement::Gpu { .. } => placed.aggregates_on_gpu.push(decision.to_string()),
+                AggregatePlacement::NotOnGpu(_) => placed.aggregates_on_datafusion.push(decision.to_string()),
             }
         }
     }
-    Ok(Placements { on_gpu, on_datafusion: on_cpu })
+    Ok(placed)
+}
+
+/// The variant's placements on a line of their own, where they differ from
+/// the GPU session's `placed`.
+async fn variant_placements(
+    variant: &Option<SessionContext>,
+    placed: &Placements,
+    query: usize,
+    args: &Args,
+) -> Result<String> {
+    let Some(variant) = variant else {
+        return Ok(String::new());
+    };
+    let variant_placed = placements(variant, query, args).await?;
+    Ok(match variant_placed == *placed {
+        true => String::new(),
+        false => format!("\n      variant: {variant_placed}"),
+    })
 }
 
 /// The lines of EXPLAIN ANALYZE for the query's statements.
@@ -579,7 +616,8 @@ async fn main() -> Result<()> {
     for &query in &args.queries {
         report.start(query);
         if args.placements {
-            report.line(&format!("Q{query:02} {}", placements(&gpu, query, &args).await?));
+            let placed = placements(&gpu, query, &args).await?;
+            report.line(&format!("Q{query:02} {placed}{}", variant_placements(&variant, &placed, query, &args).await?));
             continue;
         }
         let mut sessions = vec![&gpu];
@@ -683,7 +721,7 @@ async fn main() -> Result<()> {
         if args.workers == 0 {
             let placed = placements(&gpu, query, &args).await?;
             (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
-            line.push_str(&format!("\n      {placed}"));
+            line.push_str(&format!("\n      {placed}{}", variant_placements(&variant, &placed, query, &args).await?));
         }
         for (session, operators) in &breakdowns {
             line.push_str(&format!("\n      {session}, CPU time by operator: {}", by_operator(operators)));

@@ -29,7 +29,7 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::execution_plan::{CardinalityEffect, ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::filter_pushdown::{FilterDescription, FilterPushdownPhase};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, RecordOutput, Time,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, RecordOutput,
 };
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -79,6 +79,11 @@ impl GpuAggregateExec {
     /// DataFusion's aggregation it replaces.
     pub fn aggregate(&self) -> &Arc<AggregateExec> {
         &self.aggregate
+    }
+
+    /// The backend it groups on.
+    pub fn backend(&self) -> &BackendHandle {
+        &self.backend
     }
 
     fn with_aggregate(&self, aggregate: Arc<dyn ExecutionPlan>) -> Result<Self> {
@@ -209,7 +214,6 @@ struct AggregateMetrics {
     rows_on_datafusion: Count,
     /// Groups the partition emitted.
     groups: Count,
-    grouping_time: Time,
 }
 
 impl AggregateMetrics {
@@ -220,7 +224,6 @@ impl AggregateMetrics {
             rows_on_backend: builder().counter("rows_on_backend", partition),
             rows_on_datafusion: builder().counter("rows_on_datafusion", partition),
             groups: builder().counter("groups", partition),
-            grouping_time: builder().subset_time("grouping_time", partition),
         }
     }
 }
@@ -347,7 +350,7 @@ impl Chunks {
     /// with the chunk left and its rows counted as DataFusion's, where the
     /// backend cannot group it.
     async fn on_backend(&mut self) -> Result<Option<RecordBatch>> {
-        let timer = self.metrics.grouping_time.timer();
+        let timer = self.metrics.baseline.elapsed_compute().timer();
         let (grouping, tasks, batches) = (Arc::clone(&self.grouping), self.concurrent_tasks, self.chunk.clone());
         let grouped = match self.backend.clone() {
             BackendHandle::Cpu => on_backend::<CpuBackend>((), grouping, batches, tasks).await,
@@ -374,7 +377,7 @@ impl Chunks {
     /// The groups of the chunk, the chunk taken, made by DataFusion's
     /// aggregation.
     async fn on_datafusion(&mut self) -> Result<Vec<RecordBatch>> {
-        let timer = self.metrics.grouping_time.timer();
+        let timer = self.metrics.baseline.elapsed_compute().timer();
         let batches = std::mem::take(&mut self.chunk);
         let groups = on_datafusion(Arc::clone(&self.aggregate), batches, Arc::clone(&self.context)).await;
         timer.done();

@@ -1,18 +1,48 @@
 //! Which aggregations group their rows on the backend
 //! (`gpu_join.aggregate`), and why the others stay DataFusion's.
 
+use std::fmt;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
 
 use super::assess::session_devices;
+use super::not_on_gpu::NotOnGpu;
 use crate::algorithms::Grouping;
 use crate::algorithms::choice::PlanStatistics;
+use crate::backend::Devices;
 use crate::config::{ExplainChoice, GpuJoinConfig};
 use crate::exec::GpuAggregateExec;
+
+/// Where an aggregation of a plan groups its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AggregatePlacement {
+    /// On a backend, in a `GpuAggregateExec`.
+    Gpu { backend: &'static str },
+    /// On DataFusion's operator, for this reason.
+    NotOnGpu(String),
+}
+
+/// One aggregation of a plan and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AggregateDecision {
+    /// Its mode as DataFusion planned it (`Partial`, `FinalPartitioned`, ...).
+    pub mode: String,
+    pub placement: AggregatePlacement,
+}
+
+impl fmt::Display for AggregateDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.placement {
+            AggregatePlacement::Gpu { backend } => write!(f, "{} {backend}", self.mode),
+            AggregatePlacement::NotOnGpu(reason) => write!(f, "{}: {reason}", self.mode),
+        }
+    }
+}
 
 /// `plan` with each aggregation the backend can group swapped for
 /// a [`GpuAggregateExec`] over the same input; the others are logged with
@@ -21,7 +51,7 @@ pub(super) fn group_on_backend(
     plan: Arc<dyn ExecutionPlan>,
     options: &GpuJoinConfig,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let devices = match session_devices(options)? {
+    let devices = match session_devices_for_aggregations(options)? {
         Ok(devices) => devices,
         Err(reason) => {
             log::debug!("gpu_join: aggregations stay on DataFusion: {reason}");
@@ -33,25 +63,93 @@ pub(super) fn group_on_backend(
         let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
             return Ok(Transformed::no(node));
         };
-        let input_rows = statistics.of(aggregate.input()).and_then(|s| s.num_rows.get_value().copied());
-        let reason = match Grouping::of(aggregate)? {
-            Ok(_) if input_rows.is_some_and(|rows| rows < options.min_rows) => {
-                format!("about {} input rows, below gpu_join.min_rows = {}", input_rows.unwrap_or(0), options.min_rows)
-            }
+        match assess(aggregate, options, &statistics)? {
             Ok(grouping) => {
                 let aggregate = Arc::new(aggregate.clone());
                 let exec = GpuAggregateExec::new(aggregate, grouping, devices.first().clone(), options);
                 if options.explain == ExplainChoice::All {
                     log::info!("gpu_join: {} groups on {}", node.name(), devices.first().name());
                 }
-                return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
+                Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
             }
-            Err(reason) => reason.to_string(),
-        };
-        if options.explain != ExplainChoice::None {
-            log::info!("gpu_join: an aggregation ({:?}) stays on DataFusion: {reason}", aggregate.mode());
+            Err(reason) => {
+                if options.explain != ExplainChoice::None {
+                    log::info!("gpu_join: an aggregation ({:?}) stays on DataFusion: {reason}", aggregate.mode());
+                }
+                Ok(Transformed::no(node))
+            }
         }
-        Ok(Transformed::no(node))
     })?;
     Ok(rewritten.data)
+}
+
+/// Where each aggregation of a physical plan runs, in plan order
+/// (bottom-up): those grouped on the backend, and for the others, why they
+/// stay on DataFusion.
+pub fn plan_aggregate_decisions(
+    plan: &Arc<dyn ExecutionPlan>,
+    config: &ConfigOptions,
+) -> Result<Vec<AggregateDecision>> {
+    let options = GpuJoinConfig::from_config(config);
+    let why_all_stay = session_devices_for_aggregations(&options)?.err();
+    let statistics = PlanStatistics::default();
+    let mut decisions = vec![];
+    add_decisions(plan, &options, why_all_stay.as_deref(), &statistics, &mut decisions)?;
+    Ok(decisions)
+}
+
+fn add_decisions(
+    node: &Arc<dyn ExecutionPlan>,
+    options: &GpuJoinConfig,
+    why_all_stay: Option<&str>,
+    statistics: &PlanStatistics,
+    decisions: &mut Vec<AggregateDecision>,
+) -> Result<()> {
+    for child in node.children() {
+        add_decisions(child, options, why_all_stay, statistics, decisions)?;
+    }
+    let (mode, placement) = if let Some(exec) = node.downcast_ref::<GpuAggregateExec>() {
+        (exec.aggregate().mode(), AggregatePlacement::Gpu { backend: exec.backend().name() })
+    } else if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+        let reason = match why_all_stay {
+            Some(reason) => reason.to_string(),
+            None => match assess(aggregate, options, statistics)? {
+                Ok(_) => NotOnGpu::RuleNotRun.to_string(),
+                Err(reason) => reason,
+            },
+        };
+        (aggregate.mode(), AggregatePlacement::NotOnGpu(reason))
+    } else {
+        return Ok(());
+    };
+    decisions.push(AggregateDecision { mode: format!("{mode:?}"), placement });
+    Ok(())
+}
+
+/// The devices aggregations group on, or why every aggregation stays
+/// DataFusion's.
+fn session_devices_for_aggregations(options: &GpuJoinConfig) -> Result<std::result::Result<Devices, String>> {
+    if !options.enabled {
+        return Ok(Err(NotOnGpu::Disabled.to_string()));
+    }
+    if !options.aggregate {
+        return Ok(Err("gpu_join.aggregate is false".to_string()));
+    }
+    Ok(session_devices(options)?.map_err(|reason| reason.to_string()))
+}
+
+/// How the backend groups `aggregate`'s rows, or why it stays DataFusion's.
+fn assess(
+    aggregate: &AggregateExec,
+    options: &GpuJoinConfig,
+    statistics: &PlanStatistics,
+) -> Result<std::result::Result<Grouping, String>> {
+    let input_rows = statistics.of(aggregate.input()).and_then(|s| s.num_rows.get_value().copied());
+    Ok(match Grouping::of(aggregate)? {
+        Ok(_) if let Some(rows) = input_rows.filter(|rows| *rows < options.min_rows) => {
+            Err(format!("about {rows} input rows, below gpu_join.min_rows = {}", options.min_rows))
+        }
+        Ok(grouping) => Ok(grouping),
+        Err(reason) => Err(reason.to_string()),
+    })
 }

@@ -19,6 +19,7 @@ use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
+pub use aggregations::{AggregateDecision, AggregatePlacement, plan_aggregate_decisions};
 pub use decisions::{JoinDecision, Placement, plan_decisions};
 pub use not_on_gpu::NotOnGpu;
 
@@ -110,10 +111,7 @@ impl PhysicalOptimizerRule for GpuJoinRule {
             true => filtered_inputs::filter_under_aggregations(plan)?,
             false => plan,
         };
-        match options.aggregate && options.enabled {
-            true => aggregations::group_on_backend(plan, &options),
-            false => Ok(plan),
-        }
+        aggregations::group_on_backend(plan, &options)
     }
 
     fn name(&self) -> &str {
