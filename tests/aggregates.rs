@@ -289,10 +289,13 @@ async fn each_aggregation_s_placement_is_reported_with_its_reason() {
         placements(string_keys),
         ["Partial: grouping column of type Utf8", "FinalPartitioned: grouping column of type Utf8"]
     );
-    let average = gpu.gpu_aggregate_decisions("SELECT k, avg(v) FROM t GROUP BY k").await.expect("planned");
+    let average = gpu.gpu_aggregate_decisions("SELECT k, avg(p) FROM t GROUP BY k").await.expect("planned");
     assert_eq!(
         placements(average),
-        [format!("Partial {backend}"), "FinalPartitioned: aggregate avg: a final value that is not its state".into()]
+        [
+            format!("Partial {backend}"),
+            "FinalPartitioned: aggregate avg(t.p): a final value that is not its state".into()
+        ]
     );
     // Off, every aggregation says so.
     gpu.sql("SET gpu_join.aggregate = false").await.expect("set").collect().await.expect("set");
