@@ -98,9 +98,10 @@ config_enum! {
 config_enum! {
     /// When matches leave in probe row order, as HashJoinExec emits them.
     ProbeOrderChoice {
-        /// When the plan relies on it, and for small probe chunks, where it
+        /// When the plan relies on it, for small probe chunks, where it
         /// costs nothing measurable (so that small results, LIMIT without
-        /// ORDER BY among them, come out exactly as DataFusion's).
+        /// ORDER BY among them, come out exactly as DataFusion's), and for
+        /// chunks whose probe columns are taken on the host.
         #[default]
         Auto => "auto",
         /// Always, at the cost of unclustered gathers on large joins.
@@ -406,8 +407,9 @@ extensions_options! {
         /// them. `required`: only where the plan relies on it. `auto`: also
         /// for small probe chunks, where it costs nothing measurable, so that
         /// small results (a LIMIT without ORDER BY among them) come out as
-        /// DataFusion's. `always`: for every chunk, at the cost of
-        /// unclustered gathers on large joins.
+        /// DataFusion's, and for chunks whose probe columns are taken on the
+        /// host, which then reads them in order. `always`: for every chunk,
+        /// at the cost of unclustered gathers on large joins.
         pub keep_probe_order: ProbeOrderChoice, default = ProbeOrderChoice::Auto
         /// GPU jobs (loading or joining a probe chunk, preparing a build
         /// side) that run on the device at once, over every partition and

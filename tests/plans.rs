@@ -33,7 +33,7 @@ use datafusion::physical_plan::{
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::algorithms::choice::PlanStatistics;
 use datafusion_gpu_join::backend::cuda_backend;
-use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig};
+use datafusion_gpu_join::config::{BackendChoice, GpuJoinConfig, ProbeOrderChoice};
 use datafusion_gpu_join::exec::ReplacedOperator;
 use datafusion_gpu_join::{GpuJoinContextExt, GpuJoinExec, GpuJoinRule, NotOnGpu, Placement, SessionStateBuilderExt};
 use futures::stream::BoxStream;
@@ -1079,6 +1079,38 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
         assert!(total_rows(&batches) > 0, "{name}");
         let taken = metric(&gpu, "probe_chunks_on_host");
         assert_eq!(taken, on_host, "{name}: chunks whose columns were taken on the host, of {chunks}");
+    }
+}
+
+/// Chunks too large to keep probe order by default, whose probe columns
+/// are taken on the host: under `auto` their pairs are put in probe row
+/// order first, so the host reads each probe batch front to back; under
+/// `required` they are not reordered. Both give DataFusion's rows.
+#[tokio::test]
+async fn probe_columns_taken_on_the_host_are_read_in_probe_order() {
+    let rows = 200_000i64;
+    // Some probe rows match no build row, one key matches two build rows.
+    let probe_keys: Vec<Option<i64>> = (0..rows).map(|i| Some((i * 7919) % 5000)).collect();
+    let probe = numbered_batch(probe_keys);
+    let probe: Vec<RecordBatch> =
+        (0..rows as usize).step_by(8192).map(|at| probe.slice(at, 8192.min(rows as usize - at))).collect();
+    let mut build_keys: Vec<Option<i64>> = (0..3000).map(|k| Some((k * 37) % 3000)).collect();
+    build_keys.push(Some(7));
+    let build = numbered_batch(build_keys);
+    for (order, kept) in [(ProbeOrderChoice::Auto, true), (ProbeOrderChoice::Required, false)] {
+        let mut options = test_options();
+        options.probe_chunk_rows = 100_000;
+        options.probe_device_gather_ratio = f64::INFINITY;
+        options.keep_probe_order = order;
+        let (gpu, batches, expected) = joined_both_ways(&build, &probe, options, 8192).await;
+        assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "{order:?}");
+        assert!(metric(&gpu, "probe_chunks_on_host") >= 2, "{order:?}: probe columns taken on the host");
+        if kept {
+            let probe_rows: Vec<i64> =
+                batches.iter().flat_map(|b| b.column(4).as_primitive::<Int64Type>().values().to_vec()).collect();
+            assert!(probe_rows.len() > rows as usize / 2, "{} output rows", probe_rows.len());
+            assert!(probe_rows.is_sorted(), "{order:?}: output rows in probe row order");
+        }
     }
 }
 

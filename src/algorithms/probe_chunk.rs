@@ -20,7 +20,9 @@ use super::phases::{
 };
 use super::probe_columns::{ProbeColumns, ProbeOutput, upload_pays};
 use super::residual;
-use super::semantics::{each_probe_row_once, resolve_from_flags, resolve_in_key_order, resolve_probe_chunk};
+use super::semantics::{
+    each_probe_row_once, in_probe_order, resolve_from_flags, resolve_in_key_order, resolve_probe_chunk,
+};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, place_columns};
 use super::staged_keys::{KeyedVector, StagedKeys, probe_keys_in_place, upload_keys};
 use crate::backend::{JoinBackend, MatchFlags, Space, Transformed, check_candidates_within};
@@ -268,6 +270,12 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     let placed = match chunk.columns {
         ProbeColumns::Upload => None,
         ProbeColumns::AfterMatching => Some(place_after_matching(backend, definition, &chunk.chunk, rows.len)?),
+    };
+    let rows = match placed.as_ref().is_some_and(|placed| placed.on_host) {
+        true if output == Emit::ChunkRows && definition.orders_host_takes(chunk.keep_probe_order) => {
+            in_probe_order(backend, rows)?
+        }
+        _ => rows,
     };
     let probe_view = match &placed {
         Some(placed) => SideView { placements: &placed.placements, ..probe_view },

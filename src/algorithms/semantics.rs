@@ -172,7 +172,7 @@ pub(crate) fn each_probe_row_once<B: JoinBackend>(
 }
 
 /// Reorders pairs by probe row; flag-derived outputs are already ascending.
-fn in_probe_order<B: JoinBackend>(backend: &B, rows: OutputRows<B>) -> Result<OutputRows<B>> {
+pub(crate) fn in_probe_order<B: JoinBackend>(backend: &B, rows: OutputRows<B>) -> Result<OutputRows<B>> {
     match (&rows.build, &rows.probe) {
         (SideRows::Positions(build, padded), SideRows::Positions(probe, _)) => {
             let (probe, build) = backend.sort_pairs(probe, build)?;
