@@ -271,11 +271,11 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         ProbeColumns::Upload => None,
         ProbeColumns::AfterMatching => Some(place_after_matching(backend, definition, &chunk.chunk, rows.len)?),
     };
-    let rows = match placed.as_ref().is_some_and(|placed| placed.on_host) {
-        true if output == Emit::ChunkRows && definition.orders_host_takes(chunk.keep_probe_order) => {
-            in_probe_order(backend, rows)?
-        }
-        _ => rows,
+    let taken_on_host = placed.as_ref().is_some_and(|placed| placed.on_host);
+    let rows = if taken_on_host && output == Emit::ChunkRows && definition.orders_host_takes(chunk.keep_probe_order) {
+        in_probe_order(backend, rows)?
+    } else {
+        rows
     };
     let probe_view = match &placed {
         Some(placed) => SideView { placements: &placed.placements, ..probe_view },
