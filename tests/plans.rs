@@ -1085,7 +1085,7 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
 /// Chunks too large to keep probe order by default, whose probe columns
 /// are taken on the host: under `auto` their pairs are put in probe row
 /// order first, so the host reads each probe batch front to back; under
-/// `required` they are not reordered. Both give DataFusion's rows.
+/// `required` their order is not promised. Both give DataFusion's rows.
 #[tokio::test]
 async fn probe_columns_taken_on_the_host_are_read_in_probe_order() {
     let rows = 200_000i64;
