@@ -423,7 +423,7 @@ fn median(mut times: Vec<Duration>) -> Duration {
 }
 
 /// Where a query's joins and aggregations go, as a GPU session plans them.
-#[derive(PartialEq)]
+#[derive(Default, PartialEq)]
 struct Placements {
     on_gpu: Vec<String>,
     /// Each with the reason it stays.
@@ -451,12 +451,7 @@ impl std::fmt::Display for Placements {
 }
 
 async fn placements(ctx: &SessionContext, query: usize, args: &Args) -> Result<Placements> {
-    let mut placed = Placements {
-        on_gpu: vec![],
-        on_datafusion: vec![],
-        aggregates_on_gpu: vec![],
-        aggregates_on_datafusion: vec![],
-    };
+    let mut placed = Placements::default();
     for statement in args.statements(query)? {
         if !is_query(&statement) {
             // Q15's view must exist while its query is planned.
@@ -493,10 +488,7 @@ async fn variant_placements(
         return Ok(String::new());
     };
     let variant_placed = placements(variant, query, args).await?;
-    Ok(match variant_placed == *placed {
-        true => String::new(),
-        false => format!("\n      variant: {variant_placed}"),
-    })
+    Ok(if variant_placed == *placed { String::new() } else { format!("\n      variant: {variant_placed}") })
 }
 
 /// The lines of EXPLAIN ANALYZE for the query's statements.
