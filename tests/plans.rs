@@ -1082,10 +1082,12 @@ async fn probe_columns_are_uploaded_only_where_enough_rows_match() {
     }
 }
 
-/// Chunks too large to keep probe order by default, whose probe columns
-/// are taken on the host: under `auto` their pairs are put in probe row
-/// order first, so the host reads each probe batch front to back; under
-/// `required` their order is not promised. Both give DataFusion's rows.
+/// Chunks too large to keep probe order by default, some of whose probe
+/// columns are taken on the host: under `auto` their pairs are put in probe
+/// row order first, so the host reads each probe batch front to back, also
+/// where only the string column is taken there (the others uploaded, as one
+/// chunk whose output rows pay for it); under `required` their order is not
+/// promised. Every way gives DataFusion's rows.
 #[tokio::test]
 async fn probe_columns_taken_on_the_host_are_read_in_probe_order() {
     let rows = 200_000i64;
@@ -1097,19 +1099,27 @@ async fn probe_columns_taken_on_the_host_are_read_in_probe_order() {
     let mut build_keys: Vec<Option<i64>> = (0..3000).map(|k| Some((k * 37) % 3000)).collect();
     build_keys.push(Some(7));
     let build = numbered_batch(build_keys);
-    for (order, kept) in [(ProbeOrderChoice::Auto, true), (ProbeOrderChoice::Required, false)] {
+    for (order, chunk_rows, ratio, kept) in [
+        (ProbeOrderChoice::Auto, 100_000, f64::INFINITY, true),
+        (ProbeOrderChoice::Required, 100_000, f64::INFINITY, false),
+        (ProbeOrderChoice::Auto, rows as usize, 0.01, true),
+    ] {
         let mut options = test_options();
-        options.probe_chunk_rows = 100_000;
-        options.probe_device_gather_ratio = f64::INFINITY;
+        (options.probe_chunk_rows, options.probe_device_gather_ratio) = (chunk_rows, ratio);
         options.keep_probe_order = order;
         let (gpu, batches, expected) = joined_both_ways(&build, &probe, options, 8192).await;
-        assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "{order:?}");
-        assert!(metric(&gpu, "probe_chunks_on_host") >= 2, "{order:?}: probe columns taken on the host");
+        let case = format!("{order:?}, ratio {ratio}");
+        assert_eq!(sorted_rows(&batches), sorted_rows(&expected), "{case}");
+        let chunks_on_host = metric(&gpu, "probe_chunks_on_host");
+        match ratio.is_finite() {
+            true => assert_eq!(chunks_on_host, 0, "{case}: fixed-width probe columns uploaded"),
+            false => assert!(chunks_on_host >= 2, "{case}: probe columns taken on the host"),
+        }
         if kept {
             let probe_rows: Vec<i64> =
                 batches.iter().flat_map(|b| b.column(4).as_primitive::<Int64Type>().values().to_vec()).collect();
             assert!(probe_rows.len() > rows as usize / 2, "{} output rows", probe_rows.len());
-            assert!(probe_rows.is_sorted(), "{order:?}: output rows in probe row order");
+            assert!(probe_rows.is_sorted(), "{case}: output rows in probe row order");
         }
     }
 }

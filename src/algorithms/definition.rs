@@ -113,8 +113,8 @@ impl JoinDefinition {
                 })
     }
 
-    /// Whether the pairs of a chunk whose probe columns are taken on the
-    /// host are put in probe row order first (`already_ordered`: the chunk
+    /// Whether the pairs of a chunk of which some probe columns are taken on
+    /// the host (strings always are) are put in probe row order first (`already_ordered`: the chunk
     /// keeps probe order anyway): the host then reads each probe batch
     /// front to back rather than at random, and ordering the pairs costs
     /// the device a sort of what it already holds. Not under `required`,

@@ -23,7 +23,9 @@ use super::residual;
 use super::semantics::{
     each_probe_row_once, in_probe_order, resolve_from_flags, resolve_in_key_order, resolve_probe_chunk,
 };
-use super::side::{ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, place_columns};
+use super::side::{
+    ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, has_host_columns, place_columns,
+};
 use super::staged_keys::{KeyedVector, StagedKeys, probe_keys_in_place, upload_keys};
 use crate::backend::{JoinBackend, MatchFlags, Space, Transformed, check_candidates_within};
 use crate::keys::{KeyExactness, NormalizedKey};
@@ -271,7 +273,9 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         ProbeColumns::Upload => None,
         ProbeColumns::AfterMatching => Some(place_after_matching(backend, definition, &chunk.chunk, rows.len)?),
     };
-    let taken_on_host = placed.as_ref().is_some_and(|placed| placed.on_host);
+    // Any column taken on the host counts, strings included: those are
+    // always taken there, and read at random they cost the most.
+    let taken_on_host = placed.as_ref().is_some_and(|placed| has_host_columns(&placed.placements));
     let rows = if taken_on_host && output == Emit::ChunkRows && definition.orders_host_takes(chunk.keep_probe_order) {
         in_probe_order(backend, rows)?
     } else {
