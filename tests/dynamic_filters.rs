@@ -315,6 +315,43 @@ async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
     }
 }
 
+/// An input the plan bounds below `gpu_join.min_rows` is joined whole,
+/// without waiting for the build sides above: the 20,000 rows of `d`, under
+/// a join of 120,000 rows on the GPU join, drop none, where with
+/// `min_rows = 0` the semi join's 50 keys drop all but 50 of them. Both
+/// give DataFusion's rows, in both partition modes.
+#[tokio::test]
+async fn an_input_below_min_rows_does_not_wait_for_the_joins_above() {
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+        for ctx in [&gpu, &datafusion] {
+            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
+            run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
+            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
+        }
+        let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
+        let expected = sorted_rows(&run(&datafusion, sql).await);
+        for (min_rows, dropped) in [(0, 19_950), (50_000, 0)] {
+            run(&gpu, &format!("SET gpu_join.min_rows = {min_rows}")).await;
+            let case = format!("min_rows {min_rows}, partitioned: {partitioned}");
+            let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+            let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();
+            assert_eq!(sorted_rows(&batches), expected, "{case}");
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert!(text.contains("filters_from_above=[build: 1"), "{case}\n{text}");
+            let filtered: usize = gpu_joins(&plan)
+                .iter()
+                .filter_map(|join| join.metrics()?.sum_by_name("rows_filtered_from_above"))
+                .map(|rows| rows.as_usize())
+                .sum();
+            match dropped {
+                0 => assert_eq!(filtered, 0, "{case}\n{text}"),
+                _ => assert!(filtered >= dropped, "only {filtered} rows were filtered ({case})\n{text}"),
+            }
+        }
+    }
+}
+
 /// With `gpu_join.filters_from_above`, a GPU join's filter that DataFusion
 /// passes through an aggregation, as it does one over grouping columns
 /// only, is applied to the rows the aggregation reads: of 100,000 facts in

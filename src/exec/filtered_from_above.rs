@@ -128,8 +128,9 @@ impl ExecutionPlan for FilteredFromAboveExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let min_rows = GpuJoinConfig::from_config(context.session_config().options()).min_rows;
         let input = self.input.execute(partition, context)?;
-        let reduction = self.reduction.get_or_init(|| self.filters.reduction(0, &self.input)).clone();
+        let reduction = self.reduction.get_or_init(|| self.filters.reduction(0, &self.input, min_rows)).clone();
         if reduction.is_none() {
             return Ok(input);
         }

@@ -485,9 +485,12 @@ impl ExecutionPlan for GpuJoinExec {
         if let Some(filter) = &probe_filter {
             filter.feeding(applied_below(self.right(), filter.filter())?);
         }
-        let reductions = self.reductions.get_or_init(|| InputReductions {
-            build: self.from_above.reduction(0, self.left()),
-            probe: self.from_above.reduction(1, self.right()),
+        let reductions = self.reductions.get_or_init(|| {
+            let min_rows = GpuJoinConfig::from_config(context.session_config().options()).min_rows;
+            InputReductions {
+                build: self.from_above.reduction(0, self.left(), min_rows),
+                probe: self.from_above.reduction(1, self.right(), min_rows),
+            }
         });
         Arc::clone(&self.runner).execute(PartitionInputs {
             partition,
