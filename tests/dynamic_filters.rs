@@ -305,14 +305,19 @@ async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
             assert_eq!(expected.len(), rows, "{case}");
             let text = displayable(plan.as_ref()).indent(true).to_string();
             assert!(text.contains("filters_from_above=[build: 1"), "{case}\n{text}");
-            let filtered: usize = gpu_joins(&plan)
-                .iter()
-                .filter_map(|join| join.metrics()?.sum_by_name("rows_filtered_from_above"))
-                .map(|rows| rows.as_usize())
-                .sum();
+            let filtered = filtered_by_gpu_joins(&plan);
             assert!(filtered >= dropped, "only {filtered} rows were filtered ({case})\n{text}");
         }
     }
+}
+
+/// Rows the plan's GPU joins dropped with the filters from above.
+fn filtered_by_gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    gpu_joins(plan)
+        .iter()
+        .filter_map(|join| join.metrics()?.sum_by_name("rows_filtered_from_above"))
+        .map(|rows| rows.as_usize())
+        .sum()
 }
 
 /// An input the plan bounds below `gpu_join.min_rows` is joined whole,
@@ -339,11 +344,7 @@ async fn an_input_below_min_rows_does_not_wait_for_the_joins_above() {
             assert_eq!(sorted_rows(&batches), expected, "{case}");
             let text = displayable(plan.as_ref()).indent(true).to_string();
             assert!(text.contains("filters_from_above=[build: 1"), "{case}\n{text}");
-            let filtered: usize = gpu_joins(&plan)
-                .iter()
-                .filter_map(|join| join.metrics()?.sum_by_name("rows_filtered_from_above"))
-                .map(|rows| rows.as_usize())
-                .sum();
+            let filtered = filtered_by_gpu_joins(&plan);
             match dropped {
                 0 => assert_eq!(filtered, 0, "{case}\n{text}"),
                 _ => assert!(filtered >= dropped, "only {filtered} rows were filtered ({case})\n{text}"),
