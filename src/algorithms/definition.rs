@@ -113,12 +113,13 @@ impl JoinDefinition {
                 })
     }
 
-    /// Whether the pairs of a chunk of which some probe columns are taken on
-    /// the host (strings always are) are put in probe row order first (`already_ordered`: the chunk
-    /// keeps probe order anyway): the host then reads each probe batch
-    /// front to back rather than at random, and ordering the pairs costs
-    /// the device a sort of what it already holds. Not under `required`,
-    /// which asks for no reordering the plan does not need.
+    /// Whether the pairs of a chunk of which some probe columns are taken
+    /// on the host (strings always are) are put in probe row order first
+    /// (`already_ordered`: the chunk keeps probe order anyway): the host
+    /// then reads each probe batch front to back rather than at random,
+    /// and ordering the pairs costs the device a sort of what it already
+    /// holds. Not under `required`, which asks for no reordering the plan
+    /// does not need.
     pub(crate) fn orders_host_takes(&self, already_ordered: bool) -> bool {
         !already_ordered && self.key_order.is_none() && self.keep_probe_order != ProbeOrderChoice::Required
     }
