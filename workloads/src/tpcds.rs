@@ -178,14 +178,15 @@ pub fn statements(dir: &Path, query: usize) -> Result<Vec<String>> {
     Ok(code.join("\n").split(';').map(str::trim).filter(|s| !s.is_empty()).map(day_intervals).collect())
 }
 
-/// The generator's `date + 30 days` as `date + interval '30 days'`.
+/// The generator's `date + 30 days` as `date + interval '30 days'`; an
+/// interval already written so (`interval '30 days'`) stays as it is.
 fn day_intervals(statement: &str) -> String {
     let mut sql = String::with_capacity(statement.len());
     let mut rest = statement;
     while let Some(at) = rest.find(" days") {
         let (before, after) = rest.split_at(at);
         let digits = before.len() - before.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-        if digits == 0 {
+        if digits == 0 || before[..before.len() - digits].ends_with('\'') {
             sql.push_str(&rest[..at + 5]);
         } else {
             let (head, number) = before.split_at(before.len() - digits);
@@ -212,5 +213,7 @@ mod tests {
             "d_date -interval '120 days' and x + interval '30 days'"
         );
         assert_eq!(day_intervals("no days here"), "no days here");
+        let written = "(cast('1998-08-04' as date) + INTERVAL '30 days')";
+        assert_eq!(day_intervals(written), written);
     }
 }
