@@ -376,9 +376,11 @@ extensions_options! {
         /// spans, before it joins them; where they drop fewer than a quarter
         /// of the first 2^20 rows of an input, it stops checking that
         /// input's rows. An input the plan bounds below `min_rows` rows is
-        /// joined whole, without the wait. The same holds for the rows an
-        /// aggregation in the join's probe side reads, where the filter reaches them (it reads
-        /// grouping columns only): a `FilteredFromAboveExec` under the
+        /// joined whole, without the wait, and so are the probe rows of a
+        /// partition whose join goes to DataFusion's operator. The same
+        /// holds for the rows an aggregation in the join's probe side reads,
+        /// where the filter reaches them (it reads grouping columns only): a
+        /// `FilteredFromAboveExec` under the
         /// aggregation drops them before they are grouped. Off, the filter
         /// only reaches the scans, which skip row groups with it. EXPLAIN
         /// shows `filters_from_above=[…]` on the joins below.

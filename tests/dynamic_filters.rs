@@ -353,6 +353,47 @@ async fn an_input_below_min_rows_does_not_wait_for_the_joins_above() {
     }
 }
 
+/// The probe rows of a partition whose join goes to DataFusion's operator
+/// are joined unchecked. Planned with every join on the GPU join, `f ⋈ d`
+/// under a semi join of 50 keys on `f.k` drops all but 250 of `f`'s 100,000
+/// rows where it joins them on the device, and none where `min_build_rows`,
+/// read at run time, sends its partitions to DataFusion's operator. Both
+/// give DataFusion's rows, in both partition modes.
+#[tokio::test]
+async fn probe_rows_joined_on_datafusion_are_not_checked() {
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+        for ctx in [&gpu, &datafusion] {
+            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
+            run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
+            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
+        }
+        let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE f.k IN (SELECT k FROM s)";
+        let expected = sorted_rows(&run(&datafusion, sql).await);
+        assert_eq!(expected.len(), 250);
+        for (min_build_rows, on_device) in [(0, true), (1_000_000, false)] {
+            let case = format!("min_build_rows {min_build_rows}, partitioned: {partitioned}");
+            run(&gpu, "SET gpu_join.min_build_rows = 0").await;
+            let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+            run(&gpu, &format!("SET gpu_join.min_build_rows = {min_build_rows}")).await;
+            let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();
+            assert_eq!(sorted_rows(&batches), expected, "{case}");
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert!(text.contains("filters_from_above=[build: 0, probe: 1]"), "{case}\n{text}");
+            let filtered = filtered_by_gpu_joins(&plan);
+            match on_device {
+                true => assert!(filtered >= 99_750, "only {filtered} rows were filtered ({case})\n{text}"),
+                false => {
+                    let joins: Vec<&str> = text.lines().filter(|line| line.contains("GpuJoinExec")).collect();
+                    let on_datafusion = joins.len() == 2 && joins.iter().all(|l| l.contains("algorithm=DataFusion"));
+                    assert!(on_datafusion, "{case}: not both joins on DataFusion's operator\n{text}");
+                    assert_eq!(filtered, 0, "{case}\n{text}");
+                }
+            }
+        }
+    }
+}
+
 /// With `gpu_join.filters_from_above`, a GPU join's filter that DataFusion
 /// passes through an aggregation, as it does one over grouping columns
 /// only, is applied to the rows the aggregation reads: of 100,000 facts in

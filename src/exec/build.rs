@@ -80,6 +80,14 @@ pub(crate) enum CollectedBuild<B: JoinBackend> {
     OnCpuPartition { build: SwappableBuild, _reservation: Arc<MemoryReservation> },
 }
 
+impl<B: JoinBackend> CollectedBuild<B> {
+    /// Whether the device joins the probe rows with it, whole or in
+    /// passes, rather than DataFusion's operator.
+    pub fn on_device(&self) -> bool {
+        matches!(self, Self::Whole { .. } | Self::Passes { .. })
+    }
+}
+
 type SharedBuild<B> = std::result::Result<Arc<CollectedBuild<B>>, Arc<DataFusionError>>;
 
 /// Where the preparation of a build side announces its probe plan: set

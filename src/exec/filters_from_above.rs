@@ -30,7 +30,9 @@
 //! ([`ProbeFilter::fed`]): they complete once that join's build sides are
 //! in, none of which reads this join's output. Other dynamic filters are
 //! left to the scans: a `TopK`'s completes only once its input, which holds
-//! this join, ends.
+//! this join, ends. A partition whose join goes to DataFusion's operator
+//! joins its probe rows unchecked: the hash join's probe of a build side
+//! that small costs about what the check does.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};

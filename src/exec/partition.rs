@@ -255,7 +255,7 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         // passes are the way out should it not fit: DataFusion's operator,
         // the other, takes the probe input as read ahead and reads on itself.
         Ok(match pending.whole && self.join().definition.splits_into_passes() {
-            true => PartitionState::ProbeWhilePreparing(pending, probe),
+            true => PartitionState::ProbeWhilePreparing(pending, joined_probe(inputs, probe, true)),
             false => PartitionState::Placed(pending, probe),
         })
     }
@@ -281,6 +281,7 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
     async fn placed(&self, pending: PendingBuild<B>, probe: ProbeInput) -> Result<PartitionState<B>> {
         let collected = pending.placed().await?;
         let in_key_order = self.join().definition.key_order.is_some();
+        let probe = joined_probe(self.inputs, probe, collected.on_device());
         Ok(match collected.as_ref() {
             CollectedBuild::Whole { side, .. } if in_key_order => {
                 PartitionState::ProbeInKeyOrder(Arc::clone(side), probe)
@@ -504,12 +505,25 @@ impl<B: JoinBackend> Elsewhere<B> {
     }
 }
 
-/// The partition's probe input, its rows counted as they are read, less
-/// those the filters of joins above drop.
+/// The partition's probe input, as it is read.
 fn probe_input(inputs: &PartitionInputs) -> Result<ProbeInput> {
+    Ok(inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?.boxed())
+}
+
+/// `probe`, the rows the partition joins, counted as they come: where it
+/// joins them on the device, less those the filters of joins above drop.
+/// DataFusion's operator joins them as read. Its probe of a build side
+/// that small costs about what checking each row against the joins above
+/// costs, and it drops the rows it cannot match by itself; the check pays
+/// where it spares the device join its per-row work (the upload, the
+/// takes). In TPC-DS Q83 at SF 100, checking the 27.8 M string keys of
+/// `store_returns ⋈ item` took 3.2 s summed over partitions, ahead of a
+/// semi join with 21 build rows on DataFusion's operator, and made the
+/// query 1.6 times DataFusion's time.
+fn joined_probe(inputs: &PartitionInputs, probe: ProbeInput, on_device: bool) -> ProbeInput {
     let rows = inputs.metrics.probe_rows.clone();
-    let read = inputs.right.execute(inputs.partition, Arc::clone(&inputs.context))?.boxed();
-    let (reduction, dropped) = (inputs.reductions.probe.clone(), inputs.metrics.rows_filtered_from_above.clone());
-    let compute = inputs.metrics.baseline.elapsed_compute().clone();
-    Ok(reduced(read, reduction, dropped, compute).inspect_ok(move |batch| rows.add(batch.num_rows())).boxed())
+    let reduction = inputs.reductions.probe.clone().filter(|_| on_device);
+    let (dropped, compute) =
+        (inputs.metrics.rows_filtered_from_above.clone(), inputs.metrics.baseline.elapsed_compute().clone());
+    reduced(probe, reduction, dropped, compute).inspect_ok(move |batch| rows.add(batch.num_rows())).boxed()
 }
