@@ -368,7 +368,9 @@ extensions_options! {
         /// them.
         pub probe_device_gather_ratio: f64, default = 0.25
         /// Apply the dynamic filter of a GPU join above to the rows of a GPU
-        /// join below, through which it passes on its way to the scans: the
+        /// join below, through which it passes on its way to the scans (and
+        /// those of DataFusion's joins and `TopK`s above as they stand,
+        /// without waiting for them): the
         /// join below waits until the one above has its build sides in, as
         /// long as they are at most 2^20 rows, then drops the rows whose
         /// key none of them holds (with several key columns, one of whose

@@ -394,6 +394,34 @@ async fn probe_rows_joined_on_datafusion_are_not_checked() {
     }
 }
 
+/// A hash join's filter from above is checked too, as it stands, without
+/// waiting for it: with the semi join of 50 keys left to DataFusion's hash
+/// join (`min_build_rows` above its 50 build rows), the GPU join `f ⋈ d`
+/// below it drops all but 250 of `f`'s 100,000 rows, with DataFusion's
+/// rows, in both partition modes.
+#[tokio::test]
+async fn a_hash_join_above_cuts_the_rows_of_a_gpu_join_below() {
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+        for ctx in [&gpu, &datafusion] {
+            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
+            run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
+            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
+        }
+        run(&gpu, "SET gpu_join.min_build_rows = 1000").await;
+        let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE f.k IN (SELECT k FROM s)";
+        let case = format!("partitioned: {partitioned}");
+        let expected = sorted_rows(&run(&datafusion, sql).await);
+        let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();
+        assert_eq!(sorted_rows(&batches), expected, "{case}");
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(text.contains("HashJoinExec") && text.contains("probe: 1]"), "{case}\n{text}");
+        let filtered = filtered_by_gpu_joins(&plan);
+        assert!(filtered >= 99_750, "only {filtered} rows were filtered ({case})\n{text}");
+    }
+}
+
 /// With `gpu_join.filters_from_above`, a GPU join's filter that DataFusion
 /// passes through an aggregation, as it does one over grouping columns
 /// only, is applied to the rows the aggregation reads: of 100,000 facts in

@@ -29,12 +29,17 @@
 //! DataFusion's time). Only filters a running GPU join feeds are waited for
 //! ([`ProbeFilter::fed`]): they complete once that join's build sides are
 //! in, none of which reads this join's output. Other dynamic filters are
-//! left to the scans: a `TopK`'s completes only once its input, which holds
-//! this join, ends. A partition whose join goes to DataFusion's operator
+//! checked as they stand when each batch comes, never waited for: a
+//! `TopK`'s completes only once its input, which holds this join, ends; a
+//! hash join above has its build side in, and its filter complete, before
+//! it reads the rows below. In TPC-DS Q80 the filters of the joins with
+//! `date_dim`, `item` and `promotion` above the GPU join of `store_sales`
+//! with `store_returns` reached only the scan, which cannot skip with
+//! them, and the join took all 288 M rows. A partition whose join goes to DataFusion's operator
 //! joins its probe rows unchecked: the hash join's probe of a build side
 //! that small costs about what the check does.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::RecordBatch;
@@ -51,7 +56,7 @@ use datafusion::physical_plan::filter_pushdown::{ChildFilterPushdownResult, Filt
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{Count, Time};
 use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::as_dynamic_filter;
@@ -143,8 +148,8 @@ impl FiltersFromAbove {
     }
 
     /// What the rows read from `input`, the node's child of index `index`,
-    /// go through: the filters routed to it that a running GPU join feeds;
-    /// none where the plan bounds `input` below `min_rows` rows
+    /// go through: the filters routed to it, each with the running GPU
+    /// join that feeds it, if one does; none where the plan bounds `input` below `min_rows` rows
     /// (`gpu_join.min_rows`). Rows that few cost less to take whole than
     /// the wait for the build sides above costs the query: in TPC-DS Q15 at
     /// SF 100, 2 M customers waiting for a million addresses made the query
@@ -158,15 +163,15 @@ impl FiltersFromAbove {
         if PlanStatistics::default().row_bound(input).is_some_and(|rows| rows < min_rows) {
             return None;
         }
-        let fed: Vec<_> = self
+        let filters: Vec<_> = self
             .filters
             .iter()
             .filter(|(routed, _)| *routed == index)
-            .filter_map(|(_, filter)| ProbeFilter::fed(filter).map(|source| (Arc::clone(filter), source)))
+            .map(|(_, filter)| (Arc::clone(filter), ProbeFilter::fed(filter)))
             .collect();
-        (!fed.is_empty()).then(|| {
+        (!filters.is_empty()).then(|| {
             let (schema, predicate, sample) = (input.schema(), OnceCell::new(), Sample::default());
-            Arc::new(RowReduction { fed, schema, predicate, sample })
+            Arc::new(RowReduction { filters, schema, predicate, sample, settled: AtomicBool::new(false) })
         })
     }
 }
@@ -174,13 +179,16 @@ impl FiltersFromAbove {
 /// The rows of one input that the joins above can match.
 #[derive(Debug)]
 pub(crate) struct RowReduction {
-    /// Each filter, in the input's columns, and the join feeding it.
-    fed: Vec<(Arc<DynamicFilterPhysicalExpr>, Arc<ProbeFilter>)>,
+    /// Each filter, in the input's columns, and the GPU join feeding it,
+    /// if one does.
+    filters: Vec<(Arc<DynamicFilterPhysicalExpr>, Option<Arc<ProbeFilter>>)>,
     schema: SchemaRef,
     /// The filters as complete, and the build sides' keys they check.
     predicate: OnceCell<Option<PhysicalExprRef>>,
     /// How much the predicate drops of the first rows, over every partition.
     sample: Sample,
+    /// Set once every filter no GPU join feeds is complete.
+    settled: AtomicBool,
 }
 
 /// Rows read from an input before the reduction judges whether it pays.
@@ -223,17 +231,24 @@ impl Sample {
 }
 
 impl RowReduction {
-    /// The predicate a row must pass, once every filter is complete; `None`
-    /// where none bounds anything.
+    /// The predicate a row must pass, once every filter a GPU join feeds
+    /// is complete; `None` where none bounds anything. Another operator's
+    /// filter (a hash join's, a `TopK`'s) is not waited for: it is checked
+    /// as it stands when each batch comes. A hash join above has its build
+    /// side in before it reads the rows below, so its filter mostly is.
     pub async fn predicate(&self) -> Result<Option<PhysicalExprRef>> {
         self.predicate
             .get_or_try_init(|| async {
                 let mut parts: Vec<PhysicalExprRef> = vec![];
-                for (filter, source) in &self.fed {
-                    if source.worth_waiting_for().await {
-                        parts.push(filter.current()?);
-                        let key: Vec<PhysicalExprRef> = filter.children().into_iter().cloned().collect();
-                        parts.extend(source.members_of(&key, &self.schema));
+                for (filter, source) in &self.filters {
+                    match source {
+                        Some(source) if source.worth_waiting_for().await => {
+                            parts.push(filter.current()?);
+                            let key: Vec<PhysicalExprRef> = filter.children().into_iter().cloned().collect();
+                            parts.extend(source.members_of(&key, &self.schema));
+                        }
+                        Some(_) => {}
+                        None => parts.push(Arc::clone(filter) as PhysicalExprRef),
                     }
                 }
                 let predicate =
@@ -245,6 +260,21 @@ impl RowReduction {
             })
             .await
             .cloned()
+    }
+
+    /// Whether every filter no GPU join feeds is complete. Until then the
+    /// sample does not judge: a row such a filter lets through before it
+    /// is complete tells nothing of what the complete filter drops.
+    fn settled(&self) -> bool {
+        if self.settled.load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut unfed = self.filters.iter().filter(|(_, source)| source.is_none());
+        let settled = unfed.all(|(filter, _)| filter.wait_complete().now_or_never().is_some());
+        if settled {
+            self.settled.store(true, Ordering::Relaxed);
+        }
+        settled
     }
 
     /// `batches` with only the rows that pass, and how many did not; the
@@ -275,7 +305,9 @@ impl RowReduction {
         let passes = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
         let passed = filter_record_batch(&batch, as_boolean_array(&passes)?)?;
         let dropped = batch.num_rows() - passed.num_rows();
-        self.sample.record(batch.num_rows(), dropped);
+        if self.settled() {
+            self.sample.record(batch.num_rows(), dropped);
+        }
         Ok((passed, dropped))
     }
 }
