@@ -268,6 +268,22 @@ async fn joins_swapped_as_planned_feed_the_planted_filters() {
     }
 }
 
+/// The keys of a semi join's build side: 50 of the 20,000 dimension keys.
+const FIFTY_KEYS: &str = "SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)";
+
+/// A GPU session and DataFusion's, each with the tables of a join tree:
+/// 100,000 facts `f` over 20,000 dimension rows `d` (five facts a key), and
+/// the keys `s` of a semi join above them, made by `keys`.
+async fn facts_dimensions_and_keys(keys: &str, partitioned: bool) -> (SessionContext, SessionContext) {
+    let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
+    for ctx in [&gpu, &datafusion] {
+        run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
+        run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
+        run(ctx, &format!("CREATE TABLE s AS {keys}")).await;
+    }
+    (gpu, datafusion)
+}
+
 /// A tree of GPU joins: a semi join whose build side is 50 keys, above a
 /// join of 100,000 facts with 20,000 dimension rows. With
 /// `gpu_join.filters_from_above`, the semi join's filter passes through the
@@ -279,19 +295,13 @@ async fn joins_swapped_as_planned_feed_the_planted_filters() {
 #[tokio::test]
 async fn a_join_below_drops_the_rows_the_join_above_cannot_match() {
     let build_sides = [
-        ("SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)", 250, 19_950),
+        (FIFTY_KEYS, 250, 19_950),
         ("SELECT value AS k FROM generate_series(1, 50) WHERE value < 0", 0, 20_000),
         ("SELECT CASE WHEN value % 2 = 0 THEN NULL ELSE value + 30000 END AS k FROM generate_series(1, 9)", 0, 20_000),
     ];
     for (semi_build, rows, dropped) in build_sides {
         for partitioned in [false, true] {
-            let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
-            for ctx in [&gpu, &datafusion] {
-                run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)")
-                    .await;
-                run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
-                run(ctx, &format!("CREATE TABLE s AS {semi_build}")).await;
-            }
+            let (gpu, datafusion) = facts_dimensions_and_keys(semi_build, partitioned).await;
             let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
             let case = format!("{semi_build}, partitioned: {partitioned}");
             run(&gpu, "SET gpu_join.filters_from_above = false").await;
@@ -328,12 +338,7 @@ fn filtered_by_gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> usize {
 #[tokio::test]
 async fn an_input_below_min_rows_does_not_wait_for_the_joins_above() {
     for partitioned in [false, true] {
-        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
-        for ctx in [&gpu, &datafusion] {
-            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
-            run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
-            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
-        }
+        let (gpu, datafusion) = facts_dimensions_and_keys(FIFTY_KEYS, partitioned).await;
         let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
         let expected = sorted_rows(&run(&datafusion, sql).await);
         for (min_rows, dropped) in [(0, 19_950), (50_000, 0)] {
@@ -362,12 +367,7 @@ async fn an_input_below_min_rows_does_not_wait_for_the_joins_above() {
 #[tokio::test]
 async fn probe_rows_joined_on_datafusion_are_not_checked() {
     for partitioned in [false, true] {
-        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
-        for ctx in [&gpu, &datafusion] {
-            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
-            run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
-            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
-        }
+        let (gpu, datafusion) = facts_dimensions_and_keys(FIFTY_KEYS, partitioned).await;
         let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE f.k IN (SELECT k FROM s)";
         let expected = sorted_rows(&run(&datafusion, sql).await);
         assert_eq!(expected.len(), 250);
@@ -402,12 +402,7 @@ async fn probe_rows_joined_on_datafusion_are_not_checked() {
 #[tokio::test]
 async fn a_hash_join_above_cuts_the_rows_of_a_gpu_join_below() {
     for partitioned in [false, true] {
-        let (gpu, datafusion) = (gpu_context(config(partitioned)), datafusion_context(config(partitioned)));
-        for ctx in [&gpu, &datafusion] {
-            run(ctx, "CREATE TABLE f AS SELECT value % 20000 AS k, value AS v FROM generate_series(0, 99999)").await;
-            run(ctx, "CREATE TABLE d AS SELECT value AS k, value * 7 AS x FROM generate_series(0, 19999)").await;
-            run(ctx, "CREATE TABLE s AS SELECT value * 397 % 20000 AS k FROM generate_series(1, 50)").await;
-        }
+        let (gpu, datafusion) = facts_dimensions_and_keys(FIFTY_KEYS, partitioned).await;
         run(&gpu, "SET gpu_join.min_build_rows = 1000").await;
         let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE f.k IN (SELECT k FROM s)";
         let case = format!("partitioned: {partitioned}");
