@@ -369,23 +369,22 @@ extensions_options! {
         pub probe_device_gather_ratio: f64, default = 0.25
         /// Apply the dynamic filter of a GPU join above to the rows of a GPU
         /// join below, through which it passes on its way to the scans (and
-        /// those of DataFusion's joins and `TopK`s above as they stand,
-        /// without waiting for them): the
-        /// join below waits until the one above has its build sides in, as
-        /// long as they are at most 2^20 rows, then drops the rows whose
-        /// key none of them holds (with several key columns, one of whose
-        /// key values none holds in that column), and those outside their
-        /// spans, before it joins them; where they drop fewer than a quarter
-        /// of the first 2^20 rows of an input, it stops checking that
+        /// those of DataFusion's joins and `TopK`s above as they stand, without
+        /// waiting for them): the join below waits until the one above has its
+        /// build sides in, as long as they are at most 2^20 rows, then drops
+        /// the rows whose key none of them holds (with several key columns, one
+        /// of whose key values none holds in that column), and those outside
+        /// their spans, before it joins them; where they drop fewer than a
+        /// quarter of the first 2^20 rows of an input, it stops checking that
         /// input's rows. An input the plan bounds below `min_rows` rows is
         /// joined whole, without the wait, and so are the probe rows of a
-        /// partition whose join goes to DataFusion's operator. The same
-        /// holds for the rows an aggregation in the join's probe side reads,
-        /// where the filter reaches them (it reads grouping columns only): a
-        /// `FilteredFromAboveExec` under the
-        /// aggregation drops them before they are grouped. Off, the filter
-        /// only reaches the scans, which skip row groups with it. EXPLAIN
-        /// shows `filters_from_above=[…]` on the joins below.
+        /// partition whose join goes to DataFusion's operator. The same holds
+        /// for the rows an aggregation in the join's probe side reads, where
+        /// the filter reaches them (it reads grouping columns only): a
+        /// `FilteredFromAboveExec` under the aggregation drops them before they
+        /// are grouped. Off, the filter only reaches the scans, which skip row
+        /// groups with it. EXPLAIN shows `filters_from_above=[…]` on the joins
+        /// below.
         pub filters_from_above: bool, default = true
         /// Group the rows of DataFusion's aggregations on the backend:
         /// where the grouping columns are integers, dates, times, decimals

@@ -23,21 +23,20 @@
 //! checking them made the query a fifth slower than without the filters.
 //!
 //! It waits only while such a list of keys may come of the filter
-//! ([`ProbeFilter::worth_waiting_for`]): waiting for a build side of
-//! millions of rows, whose spans alone cut little, ran each join's
-//! collection after the one's above it (TPC-H Q8 at SF 100, 1.4 times
-//! DataFusion's time). Only filters a running GPU join feeds are waited for
-//! ([`ProbeFilter::fed`]): they complete once that join's build sides are
-//! in, none of which reads this join's output. Other dynamic filters are
-//! checked as they stand when each batch comes, never waited for: a
-//! `TopK`'s completes only once its input, which holds this join, ends; a
-//! hash join above has its build side in, and its filter complete, before
-//! it reads the rows below. In TPC-DS Q80 the filters of the joins with
-//! `date_dim`, `item` and `promotion` above the GPU join of `store_sales`
-//! with `store_returns` reached only the scan, which cannot skip with
-//! them, and the join took all 288 M rows. A partition whose join goes to DataFusion's operator
-//! joins its probe rows unchecked: the hash join's probe of a build side
-//! that small costs about what the check does.
+//! ([`ProbeFilter::worth_waiting_for`]): waiting for a build side of millions
+//! of rows, whose spans alone cut little, ran each join's collection after the
+//! one's above it (TPC-H Q8 at SF 100, 1.4 times DataFusion's time). Only
+//! filters a running GPU join feeds are waited for ([`ProbeFilter::fed`]): they
+//! complete once that join's build sides are in, none of which reads this
+//! join's output. Other dynamic filters are checked as they stand when each
+//! batch comes, never waited for: a `TopK`'s completes only once its input,
+//! which holds this join, ends; a hash join above has its build side in, and
+//! its filter complete, before it reads the rows below. In TPC-DS Q80 the
+//! filters of the joins with `date_dim`, `item` and `promotion` above the GPU
+//! join of `store_sales` with `store_returns` reached only the scan, which
+//! cannot skip with them, and the join took all 288 M rows. A partition whose
+//! join goes to DataFusion's operator joins its probe rows unchecked: the hash
+//! join's probe of a build side that small costs about what the check does.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -147,13 +146,13 @@ impl FiltersFromAbove {
         format!("build: {}, probe: {}", count(0), count(1))
     }
 
-    /// What the rows read from `input`, the node's child of index `index`,
-    /// go through: the filters routed to it, each with the running GPU
-    /// join that feeds it, if one does; none where the plan bounds `input` below `min_rows` rows
-    /// (`gpu_join.min_rows`). Rows that few cost less to take whole than
-    /// the wait for the build sides above costs the query: in TPC-DS Q15 at
-    /// SF 100, 2 M customers waiting for a million addresses made the query
-    /// 2.4 times DataFusion's time, and the addresses cut none of them.
+    /// What the rows read from `input`, the node's child of index `index`, go
+    /// through: the filters routed to it, each with the running GPU join that
+    /// feeds it, if one does; none where the plan bounds `input` below
+    /// `min_rows` rows (`gpu_join.min_rows`). Rows that few cost less to take
+    /// whole than the wait for the build sides above costs the query: in TPC-DS
+    /// Q15 at SF 100, 2 M customers waiting for a million addresses made the
+    /// query 2.4 times DataFusion's time, and the addresses cut none of them.
     pub fn reduction(
         &self,
         index: usize,
