@@ -358,7 +358,9 @@ extensions_options! {
         /// the device, whose wait the probe scan would lengthen), and not
         /// where the probe input is a scan of batches in memory or reads the
         /// join's dynamic filter. 0 reads the probe input only once the build
-        /// side is in, as DataFusion's hash join does.
+        /// side is in, as DataFusion's hash join does. The same bounds the
+        /// rows a `FilteredFromAboveExec` reads while the filters it applies
+        /// are not complete.
         pub probe_read_ahead_rows: usize, default = 1 << 22
         /// Output rows per probe row from which a probe chunk's output
         /// columns are uploaded and gathered on the device; below it only

@@ -10,17 +10,19 @@
 //! grouped by part, of which the semi join above can match the 204 parts
 //! of one brand and container. This node, which the rule puts under such
 //! an aggregation, applies the filter to those rows as a GPU join applies
-//! the filters passing through it ([`super::filters_from_above`]): it waits
-//! until the join has its build sides in, then drops the rows whose key
-//! none of them holds, and stops checking where that drops too few.
+//! the filters passing through it ([`super::filters_from_above`]): it reads
+//! its input ahead until the join has its build sides in, then drops the
+//! rows whose key none of them holds, and stops checking where that drops
+//! too few.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::execution_plan::{CardinalityEffect, ChildrenPropertiesMode, ReplaceChildrenOptions};
@@ -39,6 +41,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::filters_from_above::{FiltersFromAbove, RowReduction, reduced};
+use super::read_ahead::{read_ahead_while, worth_reading_ahead};
 use crate::config::GpuJoinConfig;
 
 /// Its input's rows that the dynamic filters of GPU joins above can match;
@@ -127,18 +130,36 @@ impl ExecutionPlan for FilteredFromAboveExec {
         Ok(Arc::new(Self::new(Arc::clone(&self.input))))
     }
 
+    /// Its input's rows, read ahead while the filters are not complete
+    /// (up to `gpu_join.probe_read_ahead_rows`), then checked: the input
+    /// does not depend on the joins above, and waiting without reading ran
+    /// it after their build sides. In TPC-DS Q30 at SF 100 the second
+    /// reading of the common table expression waited so for the first,
+    /// the semi join's build side, and the query took 1.13 times
+    /// DataFusion's time.
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let min_rows = GpuJoinConfig::from_config(context.session_config().options()).min_rows;
+        let options = GpuJoinConfig::from_config(context.session_config().options());
+        let (min_rows, read_ahead_rows) = (options.min_rows, options.probe_read_ahead_rows);
+        let reservation =
+            MemoryConsumer::new(format!("FilteredFromAboveExec[{partition}]")).register(context.memory_pool());
         let input = self.input.execute(partition, context)?;
-        let reduction = self.reduction.get_or_init(|| self.filters.reduction(0, &self.input, min_rows)).clone();
-        if reduction.is_none() {
+        let Some(reduction) = self.reduction.get_or_init(|| self.filters.reduction(0, &self.input, min_rows)).clone()
+        else {
             return Ok(input);
-        }
+        };
+        let read_ahead_rows = if worth_reading_ahead(&self.input) { read_ahead_rows } else { 0 };
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let dropped = MetricBuilder::new(&self.metrics).counter("rows_filtered_from_above", partition);
-        let schema = input.schema();
-        let rows = reduced(input.boxed(), reduction, dropped, baseline.elapsed_compute().clone())
-            .map_ok(move |batch| batch.record_output(&baseline));
+        let (schema, compute) = (input.schema(), baseline.elapsed_compute().clone());
+        let rows = futures::stream::once(async move {
+            let complete = async { reduction.predicate().await.map(|_| ()) };
+            let (complete, input) =
+                read_ahead_while(input.boxed(), complete, read_ahead_rows, || true, reservation).await;
+            complete?;
+            Ok::<_, DataFusionError>(reduced(input, Some(reduction), dropped, compute))
+        })
+        .try_flatten()
+        .map_ok(move |batch| batch.record_output(&baseline));
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)))
     }
 
