@@ -133,10 +133,10 @@ impl ExecutionPlan for FilteredFromAboveExec {
     /// Its input's rows, read ahead while the filters are not complete
     /// (up to `gpu_join.probe_read_ahead_rows`), then checked: the input
     /// does not depend on the joins above, and waiting without reading ran
-    /// it after their build sides. In TPC-DS Q30 at SF 100 the second
+    /// it after their build sides. In TPC-DS Q81 at SF 100 the second
     /// reading of the common table expression waited so for the first,
-    /// the semi join's build side, and the query took 1.13 times
-    /// DataFusion's time.
+    /// the semi join's build side: the query took 1.05 times DataFusion's
+    /// time, and 0.99 reading ahead.
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let options = GpuJoinConfig::from_config(context.session_config().options());
         let (min_rows, read_ahead_rows) = (options.min_rows, options.probe_read_ahead_rows);
