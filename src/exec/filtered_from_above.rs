@@ -140,13 +140,13 @@ impl ExecutionPlan for FilteredFromAboveExec {
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let options = GpuJoinConfig::from_config(context.session_config().options());
         let (min_rows, read_ahead_rows) = (options.min_rows, options.probe_read_ahead_rows);
-        let reservation =
-            MemoryConsumer::new(format!("FilteredFromAboveExec[{partition}]")).register(context.memory_pool());
+        let pool = Arc::clone(context.memory_pool());
         let input = self.input.execute(partition, context)?;
         let Some(reduction) = self.reduction.get_or_init(|| self.filters.reduction(0, &self.input, min_rows)).clone()
         else {
             return Ok(input);
         };
+        let reservation = MemoryConsumer::new(format!("FilteredFromAboveExec[{partition}]")).register(&pool);
         let read_ahead_rows = if worth_reading_ahead(&self.input) { read_ahead_rows } else { 0 };
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let dropped = MetricBuilder::new(&self.metrics).counter("rows_filtered_from_above", partition);
