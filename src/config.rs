@@ -399,9 +399,12 @@ extensions_options! {
         /// and argument expressions. `EXPLAIN` shows `GpuAggregateExec`;
         /// the aggregations that stay are logged as `explain` says.
         pub aggregate: bool, default = false
-        /// Input rows of a partition grouped at once by `aggregate`: a
-        /// partial aggregation's groups of each chunk leave before the next
-        /// chunk is read; a final one merges each chunk into its groups.
+        /// Input rows of a partition grouped at once by `aggregate`, each
+        /// chunk while the next is read, so that a partition holds up to
+        /// two, counted in the session's memory pool (a chunk the pool
+        /// refuses more rows is grouped as it stands). A partial
+        /// aggregation's groups of each chunk leave once the next is read;
+        /// a final one merges each chunk into its groups.
         pub aggregate_chunk_rows: usize, default = 1 << 23
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the

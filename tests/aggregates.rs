@@ -6,23 +6,29 @@
 //! (left to DataFusion chunk by chunk, and a final aggregation's whole
 //! partition).
 
+use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{
     ArrayRef, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::resources_err;
 use datafusion::datasource::MemTable;
+use datafusion::error::Result;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool, MemoryReservation};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::aggregates::AggregateOutputMode;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::GpuJoinConfig;
 use datafusion_gpu_join::exec::GpuAggregateExec;
-use datafusion_gpu_join::{AggregateDecision, AggregatePlacement, GpuJoinContextExt};
+use datafusion_gpu_join::{AggregateDecision, AggregatePlacement, GpuJoinContextExt, SessionStateBuilderExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{datafusion_context, gpu_context_with, sorted_rows, test_backend_choice, test_options};
+use crate::common::{datafusion_context, sorted_rows, test_backend_choice, test_options};
 
 /// How the keys of a table are drawn.
 #[derive(Debug, Clone, Copy)]
@@ -100,11 +106,26 @@ fn table(rows: usize, keys: Keys, null_every: u32, rng: &mut StdRng) -> Vec<Reco
 /// The GPU session with aggregations on the backend, grouping `chunk_rows`
 /// rows at once, and DataFusion's, over `batches` in four partitions.
 fn sessions(batches: &[RecordBatch], chunk_rows: usize) -> [SessionContext; 2] {
+    sessions_in(batches, chunk_rows, None)
+}
+
+/// [`sessions`], the GPU session's memory pool `pool` where that is given.
+fn sessions_in(batches: &[RecordBatch], chunk_rows: usize, pool: Option<Arc<dyn MemoryPool>>) -> [SessionContext; 2] {
     let config = || SessionConfig::new().with_target_partitions(4).with_batch_size(512);
     let mut options: GpuJoinConfig = test_options();
     options.aggregate = true;
     options.aggregate_chunk_rows = chunk_rows;
-    let contexts = [gpu_context_with(config(), options), datafusion_context(config())];
+    let runtime = match pool {
+        Some(pool) => RuntimeEnvBuilder::new().with_memory_pool(pool),
+        None => RuntimeEnvBuilder::new(),
+    };
+    let gpu = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config().with_option_extension(options))
+        .with_runtime_env(runtime.build_arc().expect("a runtime"))
+        .with_gpu_join()
+        .build();
+    let contexts = [SessionContext::new_with_state(gpu), datafusion_context(config())];
     let partitions: Vec<Vec<RecordBatch>> =
         (0..4).map(|p| batches.iter().skip(p).step_by(4).cloned().collect()).collect();
     for ctx in &contexts {
@@ -305,4 +326,79 @@ async fn each_aggregation_s_placement_is_reported_with_its_reason() {
         "{off:?}"
     );
     assert_eq!(off.len(), 2);
+}
+
+/// A memory pool that grants what is asked, except to a `GpuAggregateExec`
+/// past `cap` bytes: the aggregations' limits, with DataFusion's operators
+/// never short.
+#[derive(Debug)]
+struct AggregationsCapped {
+    granted: GreedyMemoryPool,
+    cap: usize,
+}
+
+impl fmt::Display for AggregationsCapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}, aggregations capped at {} bytes", self.granted, self.cap)
+    }
+}
+
+impl MemoryPool for AggregationsCapped {
+    fn name(&self) -> &str {
+        "aggregations capped"
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.granted.grow(reservation, additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.granted.shrink(reservation, shrink);
+    }
+
+    fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
+        if reservation.consumer().name().starts_with("GpuAggregateExec") && reservation.size() + additional > self.cap {
+            return resources_err!("{} is capped at {} bytes", reservation.consumer().name(), self.cap);
+        }
+        self.granted.try_grow(reservation, additional)
+    }
+
+    fn reserved(&self) -> usize {
+        self.granted.reserved()
+    }
+}
+
+/// The rows an aggregation holds are counted in the session's memory pool.
+/// Where the pool grants less than a partition's rows, partial aggregations
+/// group the chunks they hold sooner, so they send more groups on, and a
+/// final aggregation leaves its groups and the rest of its input to
+/// DataFusion's aggregation; the rows are DataFusion's, and the pool is
+/// empty again once they are out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregations_hold_their_rows_in_the_sessions_memory_pool() {
+    let capped = || -> Arc<dyn MemoryPool> {
+        Arc::new(AggregationsCapped { granted: GreedyMemoryPool::new(usize::MAX), cap: 64 << 10 })
+    };
+    let mut rng = StdRng::from_os_rng();
+    let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
+    let duplicated = table(40_000, Keys::Duplicated, 20, &mut rng);
+    let unbounded = compare(&sessions(&duplicated, 1 << 23), &sql).await;
+    let bounded_sessions = sessions_in(&duplicated, 1 << 23, Some(capped()));
+    let bounded = compare(&bounded_sessions, &sql).await;
+    let ([partial, _], [bounded_partial, _]) = (unbounded.as_slice(), bounded.as_slice()) else {
+        panic!("{sql}: not a partial and a final GpuAggregateExec: {unbounded:?}, {bounded:?}");
+    };
+    assert_eq!(bounded_partial.on_backend, 40_000, "{sql}");
+    assert!(bounded_partial.groups > partial.groups, "{sql}: {bounded_partial:?} against {partial:?}");
+    // Groups of a key each outgrow the pool in the final aggregation.
+    let distinct = table(40_000, Keys::Distinct, 20, &mut rng);
+    let contexts = sessions_in(&distinct, 1 << 23, Some(capped()));
+    let ran = compare(&contexts, &sql).await;
+    let [_, last] = ran.as_slice() else {
+        panic!("{sql}: not a partial and a final GpuAggregateExec: {ran:?}");
+    };
+    assert!(last.on_datafusion > 0, "{sql}: {ran:?}");
+    for ctx in [&bounded_sessions[0], &contexts[0]] {
+        assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0);
+    }
 }

@@ -7,6 +7,7 @@
 //! statistics), so those promises are exactly DataFusion's.
 
 mod aggregate;
+mod aggregate_chunks;
 mod build;
 mod chosen;
 mod chunk_jobs;

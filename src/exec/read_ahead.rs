@@ -18,7 +18,7 @@
 //!
 //! The rows read ahead go on to whatever joins the partition: the device
 //! pipeline, or DataFusion's operator, which reads them through
-//! [`ProbeSlots`] instead of opening the probe input a second time.
+//! [`StreamSlots`] instead of opening the probe input a second time.
 
 use std::fmt;
 use std::future::Future;
@@ -107,19 +107,22 @@ pub(super) fn worth_reading_ahead(probe: &Arc<dyn ExecutionPlan>) -> bool {
     !probe.downcast_ref::<DataSourceExec>().is_some_and(|scan| scan.data_source().is::<MemorySourceConfig>())
 }
 
-/// The probe input of DataFusion's operator, where the GPU join leaves it
-/// the whole probe side: one slot per probe partition, filled by the
-/// partition with the stream it has begun reading.
+/// An input of DataFusion's operator that a stream already begun feeds:
+/// one slot per partition, filled with the stream that partition reads,
+/// once. The probe input of DataFusion's join where the GPU join leaves it
+/// the whole probe side (filled by each partition with the probe stream it
+/// has begun reading), and the rest of an aggregation's input.
 #[derive(Debug)]
-struct ProbeSlots {
+pub(super) struct StreamSlots {
     schema: SchemaRef,
-    slots: Vec<Arc<ProbeSlot>>,
+    slots: Vec<Arc<StreamSlot>>,
 }
 
-impl ProbeSlots {
+impl StreamSlots {
     pub fn new(schema: SchemaRef, partitions: usize) -> Self {
-        let slots =
-            (0..partitions).map(|_| Arc::new(ProbeSlot { schema: Arc::clone(&schema), stream: None.into() })).collect();
+        let slots = (0..partitions)
+            .map(|_| Arc::new(StreamSlot { schema: Arc::clone(&schema), stream: None.into() }))
+            .collect();
         Self { schema, slots }
     }
 
@@ -129,24 +132,24 @@ impl ProbeSlots {
         Ok(Arc::new(StreamingTableExec::try_new(Arc::clone(&self.schema), partitions, None, vec![], false, None)?))
     }
 
-    /// Puts partition `partition`'s probe input in its slot.
+    /// Puts partition `partition`'s input in its slot.
     pub fn put(&self, partition: usize, probe: BoxStream<'static, Result<RecordBatch>>) -> Result<()> {
         let slot = self
             .slots
             .get(partition)
-            .ok_or_else(|| internal_datafusion_err!("GPU join: no probe slot for partition {partition}"))?;
+            .ok_or_else(|| internal_datafusion_err!("GPU join: no stream slot for partition {partition}"))?;
         let stream = RecordBatchStreamAdapter::new(Arc::clone(&self.schema), probe);
         *slot.lock()? = Some(Box::pin(stream));
         Ok(())
     }
 }
 
-/// DataFusion's join over probe slots: its partition `p` joins what was
+/// DataFusion's join over stream slots: its partition `p` joins what was
 /// last put in slot `p`.
 #[derive(Debug)]
 pub(super) struct SlotJoin {
     join: Arc<dyn ExecutionPlan>,
-    probe: ProbeSlots,
+    probe: StreamSlots,
 }
 
 impl SlotJoin {
@@ -157,7 +160,7 @@ impl SlotJoin {
         partitions: usize,
         join_over: impl FnOnce(Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
-        let probe = ProbeSlots::new(schema, partitions);
+        let probe = StreamSlots::new(schema, partitions);
         let join = join_over(probe.plan()?)?;
         Ok(Self { join, probe })
     }
@@ -179,24 +182,24 @@ impl SlotJoin {
     }
 }
 
-struct ProbeSlot {
+struct StreamSlot {
     schema: SchemaRef,
     stream: Mutex<Option<SendableRecordBatchStream>>,
 }
 
-impl ProbeSlot {
+impl StreamSlot {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Option<SendableRecordBatchStream>>> {
-        self.stream.lock().map_err(|_| internal_datafusion_err!("GPU join: probe slot lock poisoned"))
+        self.stream.lock().map_err(|_| internal_datafusion_err!("GPU join: stream slot lock poisoned"))
     }
 }
 
-impl fmt::Debug for ProbeSlot {
+impl fmt::Debug for StreamSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProbeSlot").finish_non_exhaustive()
+        f.debug_struct("StreamSlot").finish_non_exhaustive()
     }
 }
 
-impl PartitionStream for ProbeSlot {
+impl PartitionStream for StreamSlot {
     fn schema(&self) -> &SchemaRef {
         &self.schema
     }
@@ -205,7 +208,7 @@ impl PartitionStream for ProbeSlot {
         let taken = self.lock().map(|mut stream| stream.take());
         match taken {
             Ok(Some(stream)) => stream,
-            Ok(None) => error_stream(&self.schema, internal_datafusion_err!("GPU join: a probe slot read twice")),
+            Ok(None) => error_stream(&self.schema, internal_datafusion_err!("GPU join: a stream slot read twice")),
             Err(e) => error_stream(&self.schema, e),
         }
     }
@@ -354,7 +357,7 @@ mod tests {
         assert!(!worth_reading_ahead(&(Arc::clone(&in_memory) as Arc<dyn ExecutionPlan>)));
         let filtered = FilterExec::try_new(lit(true), in_memory).unwrap();
         assert!(worth_reading_ahead(&(Arc::new(filtered) as Arc<dyn ExecutionPlan>)));
-        let streamed = ProbeSlots::new(schema, 1).plan().unwrap();
+        let streamed = StreamSlots::new(schema, 1).plan().unwrap();
         assert!(worth_reading_ahead(&streamed));
     }
 }
