@@ -395,7 +395,8 @@ extensions_options! {
         /// DISTINCT, FILTER or ORDER BY), over at least `min_rows`
         /// estimated input rows. Partial aggregations fold rows into
         /// states; final ones merge them where each aggregate's value is
-        /// its state (not `avg`). DataFusion still evaluates the grouping
+        /// its state (not `avg`); a single-phase one runs as a partial and
+        /// a final one. DataFusion still evaluates the grouping
         /// and argument expressions. `EXPLAIN` shows `GpuAggregateExec`;
         /// the aggregations that stay are logged as `explain` says.
         pub aggregate: bool, default = false

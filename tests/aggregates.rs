@@ -20,7 +20,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool, MemoryReservation};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::aggregates::AggregateOutputMode;
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::config::GpuJoinConfig;
 use datafusion_gpu_join::exec::GpuAggregateExec;
@@ -106,12 +106,19 @@ fn table(rows: usize, keys: Keys, null_every: u32, rng: &mut StdRng) -> Vec<Reco
 /// The GPU session with aggregations on the backend, grouping `chunk_rows`
 /// rows at once, and DataFusion's, over `batches` in four partitions.
 fn sessions(batches: &[RecordBatch], chunk_rows: usize) -> [SessionContext; 2] {
-    sessions_in(batches, chunk_rows, None)
+    sessions_in(batches, chunk_rows, 4, None)
 }
 
-/// [`sessions`], the GPU session's memory pool `pool` where that is given.
-fn sessions_in(batches: &[RecordBatch], chunk_rows: usize, pool: Option<Arc<dyn MemoryPool>>) -> [SessionContext; 2] {
-    let config = || SessionConfig::new().with_target_partitions(4).with_batch_size(512);
+/// [`sessions`] over `partitions` partitions (of the table and of the
+/// sessions' plans), the GPU session's memory pool `pool` where that is
+/// given.
+fn sessions_in(
+    batches: &[RecordBatch],
+    chunk_rows: usize,
+    partitions: usize,
+    pool: Option<Arc<dyn MemoryPool>>,
+) -> [SessionContext; 2] {
+    let config = || SessionConfig::new().with_target_partitions(partitions).with_batch_size(512);
     let mut options: GpuJoinConfig = test_options();
     options.aggregate = true;
     options.aggregate_chunk_rows = chunk_rows;
@@ -126,10 +133,10 @@ fn sessions_in(batches: &[RecordBatch], chunk_rows: usize, pool: Option<Arc<dyn 
         .with_gpu_join()
         .build();
     let contexts = [SessionContext::new_with_state(gpu), datafusion_context(config())];
-    let partitions: Vec<Vec<RecordBatch>> =
-        (0..4).map(|p| batches.iter().skip(p).step_by(4).cloned().collect()).collect();
+    let parts: Vec<Vec<RecordBatch>> =
+        (0..partitions).map(|p| batches.iter().skip(p).step_by(partitions).cloned().collect()).collect();
     for ctx in &contexts {
-        let table = MemTable::try_new(schema(), partitions.clone()).expect("a table");
+        let table = MemTable::try_new(schema(), parts.clone()).expect("a table");
         ctx.register_table("t", Arc::new(table)).expect("registered");
     }
     contexts
@@ -225,6 +232,41 @@ async fn aggregations_grouped_on_the_backend_match_datafusion() {
         let having = "SELECT k, sum(v) FROM t WHERE g > 0 GROUP BY k HAVING count(*) > 1";
         let ran = compare(&contexts, having).await;
         assert!(ran.iter().all(|r| r.on_datafusion == 0), "{keys:?}: {having}: {ran:?}");
+    }
+}
+
+/// A single-phase aggregation (rows in, final values out) runs as
+/// DataFusion's two phases, each on the backend where it can be: over one
+/// partition (`Single`), and over a join's output partitioned by the
+/// grouping keys (`SinglePartitioned`). An average's final value is a
+/// division, so only its partial phase goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_phase_aggregations_run_in_two_phases_on_the_backend() {
+    let batches = table(10_000, Keys::Duplicated, 10, &mut StdRng::from_os_rng());
+    let joined = "SELECT a.k, count(*), sum(b.v), min(a.d), max(b.p), count(b.s) \
+                  FROM t a JOIN t b ON a.k = b.k GROUP BY a.k";
+    let single = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
+    let average = "SELECT k, g, avg(p), count(*) FROM t GROUP BY k, g";
+    for (partitions, sql, mode, merged) in
+        [(4, joined, "SinglePartitioned", true), (1, single.as_str(), "Single", true), (1, average, "Single", false)]
+    {
+        let contexts = sessions_in(&batches, 4096, partitions, None);
+        for ctx in &contexts {
+            // The join partitioned by its keys, as DataFusion plans a large one.
+            for threshold in ["", "_rows"] {
+                let set = format!("SET datafusion.optimizer.hash_join_single_partition_threshold{threshold} = 0");
+                ctx.sql(&set).await.expect(&set).collect().await.expect(&set);
+            }
+        }
+        let planned = contexts[1].sql(sql).await.expect(sql).create_physical_plan().await.expect(sql);
+        let datafusion_s = displayable(planned.as_ref()).indent(false).to_string();
+        assert!(datafusion_s.contains(&format!("mode={mode},")), "{sql}: DataFusion plans no {mode}: {datafusion_s}");
+        let ran = compare(&contexts, sql).await;
+        let (partial, rest) = ran.split_first().unwrap_or_else(|| panic!("{sql}: no GpuAggregateExec"));
+        assert!(!partial.final_groups && partial.on_datafusion == 0 && partial.on_backend > 0, "{sql}: {ran:?}");
+        let merging: Vec<_> = rest.iter().map(|r| (r.final_groups, r.on_backend, r.on_datafusion)).collect();
+        let expected: &[(bool, usize, usize)] = if merged { &[(true, partial.groups, 0)] } else { &[] };
+        assert_eq!(merging, expected, "{sql}: {ran:?}");
     }
 }
 
@@ -383,7 +425,7 @@ async fn aggregations_hold_their_rows_in_the_sessions_memory_pool() {
     let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
     let duplicated = table(40_000, Keys::Duplicated, 20, &mut rng);
     let unbounded = compare(&sessions(&duplicated, 1 << 23), &sql).await;
-    let bounded_sessions = sessions_in(&duplicated, 1 << 23, Some(capped()));
+    let bounded_sessions = sessions_in(&duplicated, 1 << 23, 4, Some(capped()));
     let bounded = compare(&bounded_sessions, &sql).await;
     let ([partial, _], [bounded_partial, _]) = (unbounded.as_slice(), bounded.as_slice()) else {
         panic!("{sql}: not a partial and a final GpuAggregateExec: {unbounded:?}, {bounded:?}");
@@ -392,7 +434,7 @@ async fn aggregations_hold_their_rows_in_the_sessions_memory_pool() {
     assert!(bounded_partial.groups > partial.groups, "{sql}: {bounded_partial:?} against {partial:?}");
     // Groups of a key each outgrow the pool in the final aggregation.
     let distinct = table(40_000, Keys::Distinct, 20, &mut rng);
-    let contexts = sessions_in(&distinct, 1 << 23, Some(capped()));
+    let contexts = sessions_in(&distinct, 1 << 23, 4, Some(capped()));
     let ran = compare(&contexts, &sql).await;
     let [_, last] = ran.as_slice() else {
         panic!("{sql}: not a partial and a final GpuAggregateExec: {ran:?}");

@@ -55,7 +55,12 @@ pub enum AggregateNotOnGpu {
 impl fmt::Display for AggregateNotOnGpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AggregateNotOnGpu::SinglePhase => write!(f, "rows in and final values out (a single phase)"),
+            AggregateNotOnGpu::SinglePhase => {
+                write!(
+                    f,
+                    "rows in and final values out (a single phase), whose two phases would not keep its partitions"
+                )
+            }
             AggregateNotOnGpu::NoGrouping => write!(f, "no grouping columns"),
             AggregateNotOnGpu::GroupingSets => write!(f, "grouping sets"),
             AggregateNotOnGpu::Ordered => write!(f, "groups in input order or a limit of groups"),

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
+use datafusion::physical_expr::PartitioningSatisfaction;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 
 use super::assess::session_devices;
 use super::not_on_gpu::NotOnGpu;
-use crate::algorithms::Grouping;
 use crate::algorithms::choice::PlanStatistics;
+use crate::algorithms::{AggregateNotOnGpu, Grouping};
 use crate::backend::Devices;
 use crate::config::{ExplainChoice, GpuJoinConfig};
 use crate::exec::GpuAggregateExec;
@@ -59,28 +60,124 @@ pub(super) fn group_on_backend(
         }
     };
     let statistics = PlanStatistics::default();
-    let rewritten = plan.transform_up(|node| {
-        let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
-            return Ok(Transformed::no(node));
-        };
-        match assess(aggregate, options, &statistics)? {
+    let on_backend = |aggregate: AggregateExec| -> Result<Arc<dyn ExecutionPlan>> {
+        match assess(&aggregate, options, &statistics)? {
             Ok(grouping) => {
-                let aggregate = Arc::new(aggregate.clone());
-                let exec = GpuAggregateExec::new(aggregate, grouping, devices.first().clone(), options);
                 if options.explain == ExplainChoice::All {
-                    log::info!("gpu_join: {} groups on {}", node.name(), devices.first().name());
+                    log::info!(
+                        "gpu_join: an aggregation ({:?}) groups on {}",
+                        aggregate.mode(),
+                        devices.first().name()
+                    );
                 }
-                Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
+                let backend = devices.first().clone();
+                Ok(Arc::new(GpuAggregateExec::new(Arc::new(aggregate), grouping, backend, options)))
             }
             Err(reason) => {
                 if options.explain != ExplainChoice::None {
                     log::info!("gpu_join: an aggregation ({:?}) stays on DataFusion: {reason}", aggregate.mode());
                 }
-                Ok(Transformed::no(node))
+                Ok(Arc::new(aggregate))
             }
         }
+    };
+    let rewritten = plan.transform_up(|node| {
+        let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        if is_single_phase(aggregate) {
+            return match in_two_phases(aggregate, options, &statistics)? {
+                Ok((partial, mode)) => {
+                    let last = last_phase(aggregate, mode, &partial, on_backend(partial.clone())?)?;
+                    Ok(Transformed::yes(on_backend(last)?))
+                }
+                Err(reason) => {
+                    if options.explain != ExplainChoice::None {
+                        log::info!("gpu_join: an aggregation ({:?}) stays on DataFusion: {reason}", aggregate.mode());
+                    }
+                    Ok(Transformed::no(node))
+                }
+            };
+        }
+        let replaced = on_backend(aggregate.clone())?;
+        Ok(match replaced.downcast_ref::<GpuAggregateExec>() {
+            Some(_) => Transformed::yes(replaced),
+            None => Transformed::no(node),
+        })
     })?;
     Ok(rewritten.data)
+}
+
+/// A single-phase aggregation (rows in, final values out) as DataFusion's
+/// two phases over the same partitions: a partial aggregation of its input,
+/// which the backend groups, and a final one (of the returned mode) of the
+/// partial's states, which the backend merges where each aggregate's value
+/// is its state. The backend folds rows only into states, so a single phase
+/// stays whole otherwise: where the partial would stay DataFusion's, where
+/// it emits in its input's order or keeps a limit, and where the two phases
+/// would not make the single one's schema over its partitions.
+fn in_two_phases(
+    aggregate: &AggregateExec,
+    options: &GpuJoinConfig,
+    statistics: &PlanStatistics,
+) -> Result<std::result::Result<(AggregateExec, AggregateMode), String>> {
+    let mode = match aggregate.mode() {
+        AggregateMode::SinglePartitioned => AggregateMode::FinalPartitioned,
+        _ => AggregateMode::Final,
+    };
+    if aggregate.limit_options().is_some() || aggregate.properties().output_ordering().is_some() {
+        return Ok(Err(AggregateNotOnGpu::Ordered.to_string()));
+    }
+    if !aggregate.dynamic_expressions_produced().is_empty() {
+        return Ok(Err(AggregateNotOnGpu::DynamicFilter.to_string()));
+    }
+    let partial = AggregateExec::try_new(
+        AggregateMode::Partial,
+        aggregate.group_expr().clone(),
+        aggregate.aggr_expr().to_vec(),
+        aggregate.filter_expr().to_vec(),
+        Arc::clone(aggregate.input()),
+        aggregate.input_schema(),
+    )?;
+    if let Err(reason) = assess(&partial, options, statistics)? {
+        return Ok(Err(reason));
+    }
+    let input = Arc::new(partial.clone()) as Arc<dyn ExecutionPlan>;
+    let last = last_phase(aggregate, mode, &partial, Arc::clone(&input))?;
+    let requirements = last.input_distribution_requirements();
+    let distributed = requirements.child_distribution(0).is_none_or(|required| {
+        let properties = input.properties();
+        let satisfaction =
+            properties.output_partitioning().satisfaction(required, properties.equivalence_properties(), false);
+        satisfaction == PartitioningSatisfaction::Exact
+    });
+    Ok(match distributed && last.schema() == aggregate.schema() {
+        true => Ok((partial, mode)),
+        false => Err(AggregateNotOnGpu::SinglePhase.to_string()),
+    })
+}
+
+/// Whether `aggregate` takes rows in and gives final values out.
+fn is_single_phase(aggregate: &AggregateExec) -> bool {
+    matches!(aggregate.mode(), AggregateMode::Single | AggregateMode::SinglePartitioned)
+}
+
+/// The final phase, in `mode`, of `aggregate` split in two, over `input`,
+/// which runs `partial`.
+fn last_phase(
+    aggregate: &AggregateExec,
+    mode: AggregateMode,
+    partial: &AggregateExec,
+    input: Arc<dyn ExecutionPlan>,
+) -> Result<AggregateExec> {
+    AggregateExec::try_new(
+        mode,
+        partial.group_expr().as_final(),
+        partial.aggr_expr().to_vec(),
+        aggregate.filter_expr().to_vec(),
+        input,
+        aggregate.input_schema(),
+    )
 }
 
 /// Where each aggregation of a physical plan runs, in plan order
@@ -113,10 +210,13 @@ fn add_decisions(
     } else if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
         let reason = match why_all_stay {
             Some(reason) => reason.to_string(),
-            None => match assess(aggregate, options, statistics)? {
-                Ok(_) => NotOnGpu::RuleNotRun.to_string(),
-                Err(reason) => reason,
-            },
+            None => {
+                let stays = match is_single_phase(aggregate) {
+                    true => in_two_phases(aggregate, options, statistics)?.err(),
+                    false => assess(aggregate, options, statistics)?.err(),
+                };
+                stays.unwrap_or_else(|| NotOnGpu::RuleNotRun.to_string())
+            }
         };
         (aggregate.mode(), AggregatePlacement::NotOnGpu(reason))
     } else {
