@@ -18,10 +18,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arrow::array::RecordBatchOptions;
 use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, UInt32Array, make_array};
 use arrow::buffer::BooleanBuffer;
 use arrow::compute::{concat, take};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::NullEquality;
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExpr;
@@ -30,6 +31,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode, AggregateOutputMode};
 
+use super::host_rows::HostRows;
 use crate::backend::{IntegerWidth, JoinBackend, Reduction};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, NormalizedKeys, is_packable_key_type};
 
@@ -289,7 +291,7 @@ impl Grouping {
             return Ok(None);
         }
         let keys = joined(&key_pieces, self.group_by.len())?;
-        let arguments = joined(&evaluate(&self.arguments)?, self.arguments.len())?;
+        let arguments = argument_rows(evaluate(&self.arguments)?, batches)?;
         let groups = match encoder.encode(&keys)? {
             NormalizedKeys::U32(codes) => self.fold(backend, &codes, &arguments)?,
             NormalizedKeys::U64(codes) => self.fold(backend, &codes, &arguments)?,
@@ -316,26 +318,51 @@ impl Grouping {
         &self,
         backend: &B,
         codes: &[K],
-        arguments: &[ArrayRef],
+        arguments: &HostRows,
     ) -> Result<crate::backend::Groups> {
         let keys = backend.upload(codes)?;
         let columns = self
             .states
             .iter()
             .map(|state| match state.source {
-                Source::Validity(i) => match arguments[i].logical_nulls() {
-                    Some(nulls) if nulls.null_count() > 0 => {
-                        let flags = BooleanArray::new(BooleanBuffer::new_set(nulls.len()), Some(nulls));
-                        backend.upload_column(&(Arc::new(flags) as ArrayRef)).map(Some)
+                Source::Validity(i) => {
+                    let pieces: Vec<&dyn Array> =
+                        arguments.parts().iter().map(|part| part.column(i).as_ref()).collect();
+                    if pieces.iter().all(|piece| piece.logical_null_count() == 0) {
+                        return Ok(None);
                     }
-                    _ => Ok(None),
-                },
-                Source::Values(i) => backend.upload_column(&arguments[i]).map(Some),
+                    let nulls = concat(&pieces)?.logical_nulls();
+                    let rows = arguments.rows();
+                    let flags = BooleanArray::new(BooleanBuffer::new_set(rows), nulls);
+                    backend.upload_column(&(Arc::new(flags) as ArrayRef)).map(Some)
+                }
+                Source::Values(i) => arguments.upload_column(backend, i).map(Some),
             })
             .collect::<Result<Vec<_>>>()?;
         let reductions: Vec<_> = self.states.iter().zip(&columns).map(|(s, c)| (s.reduction, c.as_ref())).collect();
         backend.group_rows(&keys, &reductions)
     }
+}
+
+/// The argument columns of each of `batches`, `pieces`, as rows whose
+/// columns go up from the batches they came in, not concatenated first.
+fn argument_rows(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Result<HostRows> {
+    let fields: Vec<Field> = match pieces.first() {
+        Some(piece) => piece.iter().enumerate().map(|(i, a)| Field::new(format!("{i}"), a.data_type().clone(), true)),
+        None => return Ok(HostRows::new(Arc::new(Schema::empty()), vec![], vec![])),
+    }
+    .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let parts = pieces
+        .into_iter()
+        .zip(batches)
+        .map(|(piece, batch)| {
+            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            RecordBatch::try_new_with_options(Arc::clone(&schema), piece, &options)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let whole = vec![None; schema.fields().len()];
+    Ok(HostRows::new(schema, parts, whole))
 }
 
 /// Each of `count` columns, its pieces end to end.
