@@ -21,7 +21,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatchOptions;
 use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, UInt32Array, make_array};
 use arrow::buffer::BooleanBuffer;
-use arrow::compute::{concat, take};
+use arrow::compute::concat;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::NullEquality;
 use datafusion::error::Result;
@@ -31,9 +31,10 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode, AggregateOutputMode};
 
-use super::host_rows::HostRows;
+use super::host_rows::{HostRows, TakenRows};
+use super::staged_keys::{KeyedVector, StagedKeys, evaluate_keys, upload_keys};
 use crate::backend::{IntegerWidth, JoinBackend, Reduction};
-use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, NormalizedKeys, is_packable_key_type};
+use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, is_packable_key_type};
 
 /// Why an aggregation stays on DataFusion's operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,25 +280,23 @@ impl Grouping {
     /// The partial aggregation of `batches` on `backend`: one row per
     /// group; `None` where the keys do not pack, for DataFusion's operator.
     pub fn group<B: JoinBackend>(&self, backend: &B, batches: &[RecordBatch]) -> Result<Option<RecordBatch>> {
-        let evaluate = |exprs: &[Arc<dyn PhysicalExpr>]| -> Result<Vec<Vec<ArrayRef>>> {
-            batches
-                .iter()
-                .map(|batch| exprs.iter().map(|e| e.evaluate(batch)?.into_array(batch.num_rows())).collect())
-                .collect()
-        };
-        let key_pieces = evaluate(&self.group_by)?;
-        let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&key_pieces), NullEquality::NullEqualsNull)?;
+        let keys = StagedKeys::evaluate(&self.group_by, batches)?;
+        let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&keys.pieces), NullEquality::NullEqualsNull)?;
         if encoder.exactness() != KeyExactness::Exact {
             return Ok(None);
         }
-        let keys = joined(&key_pieces, self.group_by.len())?;
-        let arguments = argument_rows(evaluate(&self.arguments)?, batches)?;
-        let groups = match encoder.encode(&keys)? {
-            NormalizedKeys::U32(codes) => self.fold(backend, &codes, &arguments)?,
-            NormalizedKeys::U64(codes) => self.fold(backend, &codes, &arguments)?,
+        let arguments = batches.iter().map(|batch| evaluate_keys(&self.arguments, batch)).collect::<Result<_>>()?;
+        let arguments = in_their_batches(arguments, batches)?;
+        let groups = match upload_keys(backend, &encoder, &keys)? {
+            KeyedVector::U32(codes) => self.fold(backend, &codes, &arguments)?,
+            KeyedVector::U64(codes) => self.fold(backend, &codes, &arguments)?,
         };
+        // The grouping columns of a row of each group, taken from the
+        // batches the rows came in.
         let rows = UInt32Array::from(groups.rows.clone());
-        let mut columns = keys.iter().map(|key| take(key.as_ref(), &rows, None)).collect::<Result<Vec<_>, _>>()?;
+        let key_rows = in_their_batches(keys.pieces, batches)?;
+        let mut taken = TakenRows::new(&key_rows, rows.clone())?;
+        let mut columns = (0..self.group_by.len()).map(|i| taken.column(i)).collect::<Result<Vec<_>>>()?;
         for (i, (state, reduced)) in self.states.iter().zip(&groups.reduced).enumerate() {
             let nulls = match state.nulls_of_next {
                 true => groups.reduced.get(i + 1).and_then(|next| next.nulls.clone()),
@@ -313,14 +312,14 @@ impl Grouping {
         Ok(Some(RecordBatch::try_new(Arc::clone(&self.schema), columns)?))
     }
 
-    /// The groups of `codes` and their states over `arguments`.
+    /// The groups of `keys`, in backend memory, and their states over
+    /// `arguments`.
     fn fold<B: JoinBackend, K: NormalizedKey>(
         &self,
         backend: &B,
-        codes: &[K],
+        keys: &B::Vector<K>,
         arguments: &HostRows,
     ) -> Result<crate::backend::Groups> {
-        let keys = backend.upload(codes)?;
         let columns = self
             .states
             .iter()
@@ -340,13 +339,13 @@ impl Grouping {
             })
             .collect::<Result<Vec<_>>>()?;
         let reductions: Vec<_> = self.states.iter().zip(&columns).map(|(s, c)| (s.reduction, c.as_ref())).collect();
-        backend.group_rows(&keys, &reductions)
+        backend.group_rows(keys, &reductions)
     }
 }
 
-/// The argument columns of each of `batches`, `pieces`, as rows whose
-/// columns go up from the batches they came in, not concatenated first.
-fn argument_rows(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Result<HostRows> {
+/// Columns evaluated on each of `batches`, `pieces`, as rows that go up,
+/// and are taken, from the batches they came in, never concatenated.
+fn in_their_batches(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Result<HostRows> {
     let fields: Vec<Field> = match pieces.first() {
         Some(piece) => piece.iter().enumerate().map(|(i, a)| Field::new(format!("{i}"), a.data_type().clone(), true)),
         None => return Ok(HostRows::new(Arc::new(Schema::empty()), vec![], vec![])),
@@ -363,16 +362,6 @@ fn argument_rows(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Result<
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let whole = vec![None; schema.fields().len()];
     Ok(HostRows::new(schema, parts, whole))
-}
-
-/// Each of `count` columns, its pieces end to end.
-fn joined(pieces: &[Vec<ArrayRef>], count: usize) -> Result<Vec<ArrayRef>> {
-    (0..count)
-        .map(|c| {
-            let parts: Vec<&dyn Array> = pieces.iter().map(|piece| piece[c].as_ref()).collect();
-            Ok(concat(&parts)?)
-        })
-        .collect()
 }
 
 /// The width of a sum of `argument` values kept as `state`, where the
