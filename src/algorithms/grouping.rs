@@ -1,11 +1,14 @@
 //! DataFusion's aggregation of a chunk of rows, grouped on a backend.
 //!
-//! DataFusion evaluates the grouping and argument expressions on the host;
-//! the keys become exact normalised keys, as a join's packed keys, with
-//! NULLs coded as values (a NULL is a group of its own), and the backend
-//! groups them and folds each aggregate's state ([`JoinBackend::group_rows`]).
-//! What comes back is the rows DataFusion's aggregation would emit: the
-//! grouping columns, taken from one row of each group, then each
+//! DataFusion evaluates the grouping and argument expressions on the host,
+//! batch by batch; the keys become exact normalised keys, as a join's
+//! packed keys, with NULLs coded as values (a NULL is a group of its own),
+//! encoded straight into the memory their upload reads, the arguments
+//! copied there from the batches they came in, and the backend groups them
+//! and folds each aggregate's state ([`JoinBackend::group_rows`]). Nothing
+//! is concatenated first. What comes back is the rows DataFusion's
+//! aggregation would emit: the grouping columns, taken from one row of
+//! each group in its batch, then each
 //! aggregate's state fields. A partial aggregation folds rows into states,
 //! which the final aggregation above merges; a final one (and one that
 //! reduces partial states to fewer) merges states: counts are summed, sums
