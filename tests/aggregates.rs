@@ -2,9 +2,10 @@
 //! (`gpu_join.aggregate`), against DataFusion's on fresh random rows: every
 //! aggregate the backend folds or merges, NULL keys and values, duplicates,
 //! heavy skew, many groups, empty input, sums past 64 bits, chunks of a few
-//! rows (a final aggregation merging many chunks), and keys that do not pack
+//! rows (a final aggregation merging many chunks), keys that do not pack
 //! (left to DataFusion chunk by chunk, and a final aggregation's whole
-//! partition).
+//! partition), single-phase aggregations run in two, and a memory pool that
+//! grants the aggregations less than they would hold.
 
 use std::fmt;
 use std::sync::Arc;

@@ -21,10 +21,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::RecordBatchOptions;
-use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, UInt32Array, make_array};
-use arrow::buffer::BooleanBuffer;
-use arrow::compute::concat;
+use arrow::array::{
+    Array, ArrayData, ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBatch, RecordBatchOptions, UInt32Array,
+    make_array,
+};
+use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::NullEquality;
 use datafusion::error::Result;
@@ -333,9 +334,16 @@ impl Grouping {
                     if pieces.iter().all(|piece| piece.logical_null_count() == 0) {
                         return Ok(None);
                     }
-                    let nulls = concat(&pieces)?.logical_nulls();
-                    let rows = arguments.rows();
-                    let flags = BooleanArray::new(BooleanBuffer::new_set(rows), nulls);
+                    // Only the pieces' validity, end to end: none of their values.
+                    let mut valid = BooleanBufferBuilder::new(arguments.rows());
+                    for piece in pieces {
+                        match piece.logical_nulls() {
+                            Some(nulls) => valid.append_buffer(nulls.inner()),
+                            None => valid.append_n(piece.len(), true),
+                        }
+                    }
+                    let nulls = NullBuffer::new(valid.finish());
+                    let flags = BooleanArray::new(BooleanBuffer::new_set(nulls.len()), Some(nulls));
                     backend.upload_column(&(Arc::new(flags) as ArrayRef)).map(Some)
                 }
                 Source::Values(i) => arguments.upload_column(backend, i).map(Some),
