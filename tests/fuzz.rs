@@ -657,6 +657,25 @@ async fn ordered_gpu_join_matches_sort_merge_join_on_random_inputs() {
     }
 }
 
+/// A partition in key order that makes more pairs than one match call is
+/// joined by DataFusion's operator and sorted. In batches of three rows its
+/// output reached the sort as thousands of runs, and the sort's merge,
+/// interleaving over all of them for every batch it emitted, never ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_partition_joined_on_datafusion_in_tiny_batches_ends() {
+    let seed = 1_796_427_937_948_325_623;
+    let case = random_case(seed);
+    let shape = (case.join_type, case.collect_left, case.batch_size, case.limits.map(|limits| limits.pairs));
+    assert_eq!(shape, (JoinType::Left, true, 3, Some(40)), "the generator changed this seed's case: {case:?}");
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let run = tokio::time::timeout(std::time::Duration::from_secs(120), run_ordered_case(&case, &mut rng));
+    match run.await {
+        Err(_) => panic!("not joined within 120 s: {case:?}"),
+        Ok(Err(failure)) => panic!("ordered case failed: {case:?}\n{failure}"),
+        Ok(Ok(replaced)) => assert!(replaced, "{case:?}: not replaced"),
+    }
+}
+
 /// A table's partitions: an Int32 key in `keys` (values repeat), a
 /// nullable Int64 payload and a Utf8 payload, in batches of random sizes.
 fn pinnable_table(rng: &mut StdRng, prefix: &str, rows: usize, keys: std::ops::Range<i32>) -> Vec<Vec<RecordBatch>> {

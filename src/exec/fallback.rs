@@ -42,7 +42,34 @@ pub(super) async fn join_partition_on_cpu(
     log::warn!("gpu_join: joining a partition of {} probe rows on DataFusion's operator: {error}", probe.num_rows());
     let right = MemorySourceConfig::try_new_exec(&[vec![probe]], twin.right().schema(), None)?;
     let join = hash_join_over(twin, std::slice::from_ref(build), right, PartitionMode::CollectLeft, 0)?;
-    collect(in_key_order(definition, join), context).await
+    collect(in_key_order(definition, join), in_sortable_batches(&context)).await
+}
+
+/// DataFusion's default `batch_size`: the fewest rows a batch of a
+/// partition joined on the CPU holds before it is sorted.
+const SORTED_RUN_ROWS: usize = 8192;
+
+/// `context` with batches of at least [`SORTED_RUN_ROWS`] rows. The sort
+/// merges each batch of its input as a run, and each batch it emits
+/// interleaves over every run: in batches of a few rows, a partition's
+/// thousands of runs made that quadratic and the sort never ended. The
+/// rows are collected whole and sliced to the session's batch size on the
+/// way out, so larger batches change nothing the consumer sees.
+fn in_sortable_batches(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    let config = context.session_config();
+    if config.batch_size() >= SORTED_RUN_ROWS {
+        return Arc::clone(context);
+    }
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config.clone().with_batch_size(SORTED_RUN_ROWS),
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
 }
 
 /// The CPU time partition `partition` of DataFusion's plan `join` spent in
