@@ -42,22 +42,24 @@ pub(super) async fn join_partition_on_cpu(
     log::warn!("gpu_join: joining a partition of {} probe rows on DataFusion's operator: {error}", probe.num_rows());
     let right = MemorySourceConfig::try_new_exec(&[vec![probe]], twin.right().schema(), None)?;
     let join = hash_join_over(twin, std::slice::from_ref(build), right, PartitionMode::CollectLeft, 0)?;
-    collect(in_key_order(definition, join), in_sortable_batches(&context)).await
+    collect(in_key_order(definition, join), context_for(definition, &context)).await
 }
 
-/// DataFusion's default `batch_size`: the fewest rows a batch of a
-/// partition joined on the CPU holds before it is sorted.
+/// DataFusion's default `batch_size`: the fewest rows a batch of DataFusion's
+/// operator holds where its output is sorted into the GPU join's key order.
 const SORTED_RUN_ROWS: usize = 8192;
 
+/// The task context DataFusion's operator runs in for `definition`'s join:
+/// where its output is sorted into the key order ([`in_key_order`]),
 /// `context` with batches of at least [`SORTED_RUN_ROWS`] rows. The sort
 /// merges each batch of its input as a run, and each batch it emits
 /// interleaves over every run: in batches of a few rows, a partition's
 /// thousands of runs made that quadratic and the sort never ended. The
-/// rows are collected whole and sliced to the session's batch size on the
-/// way out, so larger batches change nothing the consumer sees.
-fn in_sortable_batches(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+/// partition's output is sliced to the session's batch size on its way
+/// out, so larger batches change nothing its consumer sees.
+pub(super) fn context_for(definition: &JoinDefinition, context: &Arc<TaskContext>) -> Arc<TaskContext> {
     let config = context.session_config();
-    if config.batch_size() >= SORTED_RUN_ROWS {
+    if definition.key_order.is_none() || config.batch_size() >= SORTED_RUN_ROWS {
         return Arc::clone(context);
     }
     Arc::new(TaskContext::new(

@@ -53,6 +53,7 @@ use tokio::sync::oneshot;
 use super::build::{CollectedBuild, PendingBuild, SharedCollection};
 use super::device_build::DeviceBuild;
 use super::device_join::DeviceJoin;
+use super::fallback::context_for;
 use super::filters_from_above::reduced;
 use super::handoff::{DataFusionJoin, HandedOver, Handover, hand_over};
 use super::in_key_order::join_partition_in_key_order;
@@ -403,9 +404,10 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         let (batches, plan) = match collected.as_ref() {
             CollectedBuild::OnCpu { join: shared, swappable, .. } => match swappable {
                 Some(build) => smaller_side::join_on_cpu(join, build, probe, inputs, Some(shared)).await?,
-                None => {
-                    (shared.execute(inputs.partition, probe, Arc::clone(&inputs.context))?, Arc::clone(shared.plan()))
-                }
+                None => (
+                    shared.execute(inputs.partition, probe, context_for(&join.definition, &inputs.context))?,
+                    Arc::clone(shared.plan()),
+                ),
             },
             CollectedBuild::OnCpuPartition { build, .. } => {
                 smaller_side::join_on_cpu(join, build, probe, inputs, None).await?

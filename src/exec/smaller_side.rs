@@ -45,7 +45,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use super::device_join::DeviceJoin;
-use super::fallback::{concatenated_last_first, hash_join_over, in_key_order, swapped_hash_join};
+use super::fallback::{concatenated_last_first, context_for, hash_join_over, in_key_order, swapped_hash_join};
 use super::inputs::PartitionInputs;
 use super::read_ahead::{SlotJoin, handed_on_first};
 use crate::algorithms::JoinDefinition;
@@ -126,7 +126,7 @@ pub(super) async fn join_on_cpu<B: JoinBackend>(
         _ => build_rows / 2,
     };
     let read = read_up_to(&mut probe, limit, &reservation).await?;
-    let context = Arc::clone(&inputs.context);
+    let context = context_for(&join.definition, &inputs.context);
     if read.whole && read.rows <= limit {
         let Read { batches, rows, .. } = read;
         join.chosen.record_datafusion_swapped(&format!(
