@@ -4,7 +4,7 @@
 use datafusion::prelude::{SessionConfig, SessionContext};
 use gpu_join_workloads::{self as workloads, tpch};
 
-use crate::common::{datafusion_context, gpu_context, sorted_rows};
+use crate::common::{datafusion_context, gpu_context, gpu_context_with, sorted_rows, test_options};
 
 const SCALE_FACTOR: f64 = 0.01;
 
@@ -12,8 +12,25 @@ const SCALE_FACTOR: f64 = 0.01;
 async fn tpch_queries_match_datafusion() {
     let (gpu, reference) = sessions_over_memory();
     // Every join but those of Q15 (planned against its view) is counted.
-    let joins_on_gpu = queries_match(&gpu, &reference).await;
+    let joins_on_gpu = queries_match(&gpu, &reference, "GpuJoinExec").await;
     assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
+}
+
+/// The same with the aggregations grouped on the backend, a few thousand
+/// rows at a time, so that partial aggregations emit groups chunk by chunk
+/// and final ones merge their chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_queries_with_aggregations_on_the_backend_match_datafusion() {
+    let config = SessionConfig::new().with_target_partitions(3).with_batch_size(1000);
+    let mut options = test_options();
+    options.aggregate = true;
+    options.aggregate_chunk_rows = 5000;
+    let (gpu, reference) = (gpu_context_with(config.clone(), options), datafusion_context(config));
+    tpch::register_tables(&gpu, SCALE_FACTOR, 3).expect("tables");
+    tpch::register_tables(&reference, SCALE_FACTOR, 3).expect("tables");
+    // Q2, Q3, Q11, Q13, Q15, Q17, Q18 and Q20 group by numbers and dates.
+    let aggregations_on_gpu = queries_match(&gpu, &reference, "GpuAggregateExec").await;
+    assert!(aggregations_on_gpu >= 15, "only {aggregations_on_gpu} aggregations grouped on the backend");
 }
 
 /// The GPU session and DataFusion's, each over TPC-H's tables in memory.
@@ -31,7 +48,7 @@ fn sessions_over_memory() -> (SessionContext, SessionContext) {
 async fn tpch_queries_over_pinned_tables_match_datafusion() {
     let (gpu, reference) = sessions_over_memory();
     workloads::pin_tables(&gpu).await.expect("tables pinned");
-    let joins_on_gpu = queries_match(&gpu, &reference).await;
+    let joins_on_gpu = queries_match(&gpu, &reference, "GpuJoinExec").await;
     assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
 }
 
@@ -50,14 +67,14 @@ async fn tpch_queries_from_parquet_match_datafusion() {
     let (gpu, reference) = (gpu_context(config.clone()), datafusion_context(config));
     tpch::register_parquet(&gpu, &folder).await.expect("tables");
     tpch::register_parquet(&reference, &folder).await.expect("tables");
-    let joins_on_gpu = queries_match(&gpu, &reference).await;
+    let joins_on_gpu = queries_match(&gpu, &reference, "GpuJoinExec").await;
     assert!(joins_on_gpu >= 50, "only {joins_on_gpu} joins ran on the GPU join");
 }
 
-/// Runs the 22 queries in both sessions and compares their rows; the GPU
-/// joins in the plans of their `SELECT`s.
-async fn queries_match(gpu: &SessionContext, reference: &SessionContext) -> usize {
-    let mut joins_on_gpu = 0;
+/// Runs the 22 queries in both sessions and compares their rows; the
+/// `operator`s in the GPU session's plans of their `SELECT`s.
+async fn queries_match(gpu: &SessionContext, reference: &SessionContext, operator: &str) -> usize {
+    let mut operators = 0;
     for query in 1..=22 {
         let expected = tpch::run_query(reference, query, SCALE_FACTOR).await.expect("DataFusion runs the query");
         let actual = tpch::run_query(gpu, query, SCALE_FACTOR).await.unwrap_or_else(|e| panic!("Q{query}: {e}"));
@@ -67,14 +84,14 @@ async fn queries_match(gpu: &SessionContext, reference: &SessionContext) -> usiz
             tpch::statements(query, SCALE_FACTOR).unwrap().into_iter().find(|s| s.starts_with("select")).unwrap();
         if let Ok(df) = gpu.sql(&select).await {
             let plan = df.create_physical_plan().await.expect("plan");
-            joins_on_gpu += datafusion::physical_plan::displayable(plan.as_ref())
+            operators += datafusion::physical_plan::displayable(plan.as_ref())
                 .indent(false)
                 .to_string()
-                .matches("GpuJoinExec")
+                .matches(operator)
                 .count();
         }
     }
-    joins_on_gpu
+    operators
 }
 
 /// The CPU time by operator of a run counts each session's own join
