@@ -1,6 +1,7 @@
 //! Which aggregations group their rows on the backend
 //! (`gpu_join.aggregate`), and why the others stay DataFusion's.
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use super::assess::session_devices;
 use super::not_on_gpu::NotOnGpu;
 use crate::algorithms::choice::PlanStatistics;
 use crate::algorithms::{AggregateNotOnGpu, Grouping};
-use crate::backend::Devices;
+use crate::backend::{BackendHandle, Devices};
 use crate::config::{ExplainChoice, GpuJoinConfig};
 use crate::exec::GpuAggregateExec;
 
@@ -52,25 +53,17 @@ pub(super) fn group_on_backend(
     plan: Arc<dyn ExecutionPlan>,
     options: &GpuJoinConfig,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let devices = match session_devices_for_aggregations(options)? {
-        Ok(devices) => devices,
-        Err(reason) => {
-            log::debug!("gpu_join: aggregations stay on DataFusion: {reason}");
-            return Ok(plan);
-        }
-    };
-    let statistics = PlanStatistics::default();
+    if let Some(reason) = why_all_stay(options) {
+        log::debug!("gpu_join: aggregations stay on DataFusion: {reason}");
+        return Ok(plan);
+    }
+    let assessor = Assessor::new(options);
     let on_backend = |aggregate: AggregateExec| -> Result<Arc<dyn ExecutionPlan>> {
-        match assess(&aggregate, options, &statistics)? {
-            Ok(grouping) => {
+        match assessor.assess(&aggregate)? {
+            Ok((grouping, backend)) => {
                 if options.explain == ExplainChoice::All {
-                    log::info!(
-                        "gpu_join: an aggregation ({:?}) groups on {}",
-                        aggregate.mode(),
-                        devices.first().name()
-                    );
+                    log::info!("gpu_join: an aggregation ({:?}) groups on {}", aggregate.mode(), backend.name());
                 }
-                let backend = devices.first().clone();
                 Ok(Arc::new(GpuAggregateExec::new(Arc::new(aggregate), grouping, backend, options)))
             }
             Err(reason) => {
@@ -86,7 +79,7 @@ pub(super) fn group_on_backend(
             return Ok(Transformed::no(node));
         };
         if is_single_phase(aggregate) {
-            return match in_two_phases(aggregate, options, &statistics)? {
+            return match in_two_phases(aggregate, &assessor)? {
                 Ok((partial, mode)) => {
                     let last = last_phase(aggregate, mode, &partial, on_backend(partial.clone())?)?;
                     Ok(Transformed::yes(on_backend(last)?))
@@ -118,8 +111,7 @@ pub(super) fn group_on_backend(
 /// would not make the single one's schema over its partitions.
 fn in_two_phases(
     aggregate: &AggregateExec,
-    options: &GpuJoinConfig,
-    statistics: &PlanStatistics,
+    assessor: &Assessor<'_>,
 ) -> Result<std::result::Result<(AggregateExec, AggregateMode), String>> {
     let mode = match aggregate.mode() {
         AggregateMode::SinglePartitioned => AggregateMode::FinalPartitioned,
@@ -139,7 +131,7 @@ fn in_two_phases(
         Arc::clone(aggregate.input()),
         aggregate.input_schema(),
     )?;
-    if let Err(reason) = assess(&partial, options, statistics)? {
+    if let Err(reason) = assessor.assess(&partial)? {
         return Ok(Err(reason));
     }
     let input = Arc::new(partial.clone()) as Arc<dyn ExecutionPlan>;
@@ -188,22 +180,20 @@ pub fn plan_aggregate_decisions(
     config: &ConfigOptions,
 ) -> Result<Vec<AggregateDecision>> {
     let options = GpuJoinConfig::from_config(config);
-    let why_all_stay = session_devices_for_aggregations(&options)?.err();
-    let statistics = PlanStatistics::default();
+    let why_all_stay = why_all_stay(&options);
     let mut decisions = vec![];
-    add_decisions(plan, &options, why_all_stay.as_deref(), &statistics, &mut decisions)?;
+    add_decisions(plan, &Assessor::new(&options), why_all_stay.as_deref(), &mut decisions)?;
     Ok(decisions)
 }
 
 fn add_decisions(
     node: &Arc<dyn ExecutionPlan>,
-    options: &GpuJoinConfig,
+    assessor: &Assessor<'_>,
     why_all_stay: Option<&str>,
-    statistics: &PlanStatistics,
     decisions: &mut Vec<AggregateDecision>,
 ) -> Result<()> {
     for child in node.children() {
-        add_decisions(child, options, why_all_stay, statistics, decisions)?;
+        add_decisions(child, assessor, why_all_stay, decisions)?;
     }
     let (mode, placement) = if let Some(exec) = node.downcast_ref::<GpuAggregateExec>() {
         (exec.aggregate().mode(), AggregatePlacement::Gpu { backend: exec.backend().name() })
@@ -212,8 +202,8 @@ fn add_decisions(
             Some(reason) => reason.to_string(),
             None => {
                 let stays = match is_single_phase(aggregate) {
-                    true => in_two_phases(aggregate, options, statistics)?.err(),
-                    false => assess(aggregate, options, statistics)?.err(),
+                    true => in_two_phases(aggregate, assessor)?.err(),
+                    false => assessor.assess(aggregate)?.err(),
                 };
                 stays.unwrap_or_else(|| NotOnGpu::RuleNotRun.to_string())
             }
@@ -226,30 +216,57 @@ fn add_decisions(
     Ok(())
 }
 
-/// The devices aggregations group on, or why every aggregation stays
-/// DataFusion's.
-fn session_devices_for_aggregations(options: &GpuJoinConfig) -> Result<std::result::Result<Devices, String>> {
+/// Why every aggregation stays DataFusion's whatever the devices, if so.
+fn why_all_stay(options: &GpuJoinConfig) -> Option<String> {
     if !options.enabled {
-        return Ok(Err(NotOnGpu::Disabled.to_string()));
+        return Some(NotOnGpu::Disabled.to_string());
     }
     if !options.aggregate {
-        return Ok(Err("gpu_join.aggregate is false".to_string()));
+        return Some("gpu_join.aggregate is false".to_string());
     }
-    Ok(session_devices(options)?.map_err(|reason| reason.to_string()))
+    None
 }
 
-/// How the backend groups `aggregate`'s rows, or why it stays DataFusion's.
-fn assess(
-    aggregate: &AggregateExec,
-    options: &GpuJoinConfig,
-    statistics: &PlanStatistics,
-) -> Result<std::result::Result<Grouping, String>> {
-    let input_rows = statistics.of(aggregate.input()).and_then(|s| s.num_rows.get_value().copied());
-    Ok(match Grouping::of(aggregate)? {
-        Ok(_) if let Some(rows) = input_rows.filter(|rows| *rows < options.min_rows) => {
-            Err(format!("about {rows} input rows, below gpu_join.min_rows = {}", options.min_rows))
-        }
-        Ok(grouping) => Ok(grouping),
-        Err(reason) => Err(reason.to_string()),
-    })
+/// Decides, aggregation by aggregation, whether the backend groups its
+/// rows. The session's devices are looked up once, and only for an
+/// aggregation the backend could group, so that a plan with none (or with
+/// none that qualifies) plans as DataFusion's even where the configured
+/// backend is unusable.
+struct Assessor<'a> {
+    options: &'a GpuJoinConfig,
+    statistics: PlanStatistics,
+    devices: OnceCell<std::result::Result<Devices, String>>,
+}
+
+impl<'a> Assessor<'a> {
+    fn new(options: &'a GpuJoinConfig) -> Self {
+        Self { options, statistics: PlanStatistics::default(), devices: OnceCell::new() }
+    }
+
+    /// How the backend groups `aggregate`'s rows and on which device, or
+    /// why it stays DataFusion's.
+    fn assess(&self, aggregate: &AggregateExec) -> Result<std::result::Result<(Grouping, BackendHandle), String>> {
+        let input_rows = self.statistics.of(aggregate.input()).and_then(|s| s.num_rows.get_value().copied());
+        let grouping = match Grouping::of(aggregate)? {
+            Ok(_) if let Some(rows) = input_rows.filter(|rows| *rows < self.options.min_rows) => {
+                return Ok(Err(format!(
+                    "about {rows} input rows, below gpu_join.min_rows = {}",
+                    self.options.min_rows
+                )));
+            }
+            Ok(grouping) => grouping,
+            Err(reason) => return Ok(Err(reason.to_string())),
+        };
+        let devices = match self.devices.get() {
+            Some(devices) => devices,
+            None => {
+                let found = session_devices(self.options)?.map_err(|reason| reason.to_string());
+                self.devices.get_or_init(|| found)
+            }
+        };
+        Ok(match devices {
+            Ok(devices) => Ok((grouping, devices.first().clone())),
+            Err(reason) => Err(reason.clone()),
+        })
+    }
 }
