@@ -271,6 +271,34 @@ async fn single_phase_aggregations_run_in_two_phases_on_the_backend() {
     }
 }
 
+/// A partial aggregation whose chunks hardly reduce leaves the rest of its
+/// input to DataFusion's, which stops grouping then as it would alone
+/// (`skip_partial_aggregation_probe_*`); one whose chunks reduce keeps
+/// grouping on the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partial_aggregation_that_hardly_reduces_leaves_its_rows_to_datafusion() {
+    let rows = 40_000;
+    for (keys, reduces) in [(Keys::Distinct, false), (Keys::Duplicated, true)] {
+        let batches = table(rows, keys, 50, &mut StdRng::from_os_rng());
+        let contexts = sessions(&batches, 1000);
+        for ctx in &contexts {
+            let set = "SET datafusion.execution.skip_partial_aggregation_probe_rows_threshold = 2500";
+            ctx.sql(set).await.expect(set).collect().await.expect(set);
+        }
+        let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
+        let ran = compare(&contexts, &sql).await;
+        let partial = ran.first().unwrap_or_else(|| panic!("{keys:?}: no GpuAggregateExec: {ran:?}"));
+        assert!(!partial.final_groups, "{keys:?}: {ran:?}");
+        assert_eq!(partial.on_backend + partial.on_datafusion, rows, "{keys:?}: {ran:?}");
+        match reduces {
+            true => assert_eq!(partial.on_datafusion, 0, "{keys:?}: {ran:?}"),
+            // Each of the four partitions groups chunks on the backend
+            // until 2,500 of its rows are grouped, then leaves the rest.
+            false => assert!(partial.on_backend >= 4 * 2500 && partial.on_datafusion >= rows / 4, "{keys:?}: {ran:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keys_that_do_not_pack_are_grouped_by_datafusion_chunk_by_chunk() {
     let batches = table(10_000, Keys::Distinct, 50, &mut StdRng::from_os_rng());

@@ -46,6 +46,7 @@ pub(super) fn grouped_in_chunks(
     let input = job.aggregate.input().execute(partition, Arc::clone(&context))?;
     let reservation = MemoryConsumer::new(format!("GpuAggregateExec[{partition}]")).register(context.memory_pool());
     let schema = job.aggregate.schema();
+    let skip_probe = (!job.grouping.final_groups()).then(|| SkipProbe::new(&context)).flatten();
     let chunks = Chunks {
         input: Some(input),
         chunk: vec![],
@@ -58,6 +59,7 @@ pub(super) fn grouped_in_chunks(
         job: Arc::new(job),
         chunk_rows,
         batch_size: context.session_config().batch_size(),
+        skip_probe,
         context,
         metrics: AggregateMetrics::new(metrics, partition),
     };
@@ -98,10 +100,14 @@ impl AggregateMetrics {
 /// beside the grouping rather than stopping for it. A partial aggregation
 /// sends each chunk's groups on once the chunk after it is read; a final one
 /// merges each chunk into the groups so far and sends them when its input
-/// ends.
+/// ends. A partial aggregation whose chunks hardly reduce (`SkipProbe`)
+/// sends the groups made so far and leaves the rest of its input to
+/// DataFusion's.
 ///
 /// ```text
 /// Reading ──(a chunk read; partial: the one before it grouped)──▶ Emitting ──(its groups sent)──▶ Reading
+/// Reading ──(a chunk read; partial: the chunks grouped hardly reduce)──▶ Handing
+/// Handing ──(the last chunk's groups sent)──▶ OnDataFusion
 /// Reading ──(a chunk read; final: the one before it merged)──▶ Reading
 /// Reading ──(input ends: the last chunk grouped)──▶ Ending ──(the groups sent)──▶ Done
 /// Reading ──(final: a chunk the backend cannot merge, or the pool grants no more)──▶ OnDataFusion
@@ -110,6 +116,9 @@ impl AggregateMetrics {
 enum Phase {
     Reading,
     Emitting(VecDeque<RecordBatch>),
+    /// The backend's last groups, then DataFusion's aggregation of the
+    /// chunk read and the rest of the input.
+    Handing(VecDeque<RecordBatch>, SendableRecordBatchStream),
     Ending(VecDeque<RecordBatch>),
     OnDataFusion(SendableRecordBatchStream),
     Done,
@@ -147,8 +156,46 @@ struct Chunks {
     job: Arc<GroupingJob>,
     chunk_rows: usize,
     batch_size: usize,
+    /// A partial aggregation's check of how far the backend reduces its
+    /// rows; `None` in a final one, and where the session turns it off.
+    skip_probe: Option<SkipProbe>,
     context: Arc<TaskContext>,
     metrics: AggregateMetrics,
+}
+
+/// DataFusion's rule for a partial aggregation that hardly reduces its
+/// input (`datafusion.execution.skip_partial_aggregation_probe_*`): once
+/// `rows` input rows are grouped, more than `ratio` groups per row leave
+/// the rest of the input to DataFusion's partial aggregation, which turns
+/// rows into states without grouping them. On the backend such a chunk
+/// costs its rows' way to the device and about as many groups' way back,
+/// for nothing the final aggregation would not do.
+struct SkipProbe {
+    rows: usize,
+    ratio: f64,
+    /// Input rows grouped on the backend so far, and their groups.
+    grouped: (usize, usize),
+}
+
+impl SkipProbe {
+    /// The session's rule; `None` where its ratio (1 or more) turns it off.
+    fn new(context: &TaskContext) -> Option<Self> {
+        let options = &context.session_config().options().execution;
+        let ratio = options.skip_partial_aggregation_probe_ratio_threshold;
+        (ratio < 1.0).then_some(Self {
+            rows: options.skip_partial_aggregation_probe_rows_threshold,
+            ratio,
+            grouped: (0, 0),
+        })
+    }
+
+    /// Counts a chunk of `rows` input rows grouped into `groups`; whether
+    /// the rest of the input is better left to DataFusion.
+    fn reduces_too_little(&mut self, rows: usize, groups: usize) -> bool {
+        self.grouped = (self.grouped.0 + rows, self.grouped.1 + groups);
+        let (rows, groups) = self.grouped;
+        rows >= self.rows && groups as f64 / rows.max(1) as f64 > self.ratio
+    }
 }
 
 /// A chunk being grouped on a task of its own.
@@ -204,10 +251,17 @@ impl Chunks {
     async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         loop {
             match &mut self.phase {
-                Phase::Emitting(batches) | Phase::Ending(batches) if !batches.is_empty() => {
+                Phase::Emitting(batches) | Phase::Handing(batches, _) | Phase::Ending(batches)
+                    if !batches.is_empty() =>
+                {
                     return Ok(batches.pop_front());
                 }
                 Phase::Emitting(_) => self.phase = Phase::Reading,
+                Phase::Handing(..) => {
+                    if let Phase::Handing(_, rest) = std::mem::replace(&mut self.phase, Phase::Done) {
+                        self.phase = Phase::OnDataFusion(rest);
+                    }
+                }
                 Phase::Ending(_) | Phase::Done => {
                     self.phase = Phase::Done;
                     return Ok(None);
@@ -259,7 +313,17 @@ impl Chunks {
     /// it, to send, and this one's grouping started.
     async fn group_read(&mut self) -> Result<Phase> {
         let previous = self.finish_grouping().await?;
+        let reduces_too_little = match (&previous, &mut self.skip_probe) {
+            (Some(Grouped { rows, groups: Ok(groups) }), Some(probe)) => {
+                probe.reduces_too_little(*rows, groups.num_rows())
+            }
+            _ => false,
+        };
         let groups = self.partial_groups(previous).await?;
+        if reduces_too_little {
+            let groups = self.sliced(groups)?;
+            return Ok(Phase::Handing(groups, self.rest_on_datafusion(vec![])?));
+        }
         self.start_grouping()?;
         Ok(Phase::Emitting(self.sliced(groups)?))
     }
@@ -279,10 +343,10 @@ impl Chunks {
     /// or the pool refused the chunk.
     async fn merge_read(&mut self, read: Read) -> Result<Phase> {
         if let Some(unmerged) = self.finish_merge().await? {
-            return self.on_datafusion(unmerged);
+            return Ok(Phase::OnDataFusion(self.rest_on_datafusion(unmerged)?));
         }
         if let Read::Refused = read {
-            return self.on_datafusion(vec![]);
+            return Ok(Phase::OnDataFusion(self.rest_on_datafusion(vec![])?));
         }
         self.start_grouping()?;
         Ok(Phase::Reading)
@@ -292,11 +356,11 @@ impl Chunks {
     /// to send; DataFusion's aggregation where a merge failed.
     async fn merge_last(&mut self) -> Result<Phase> {
         if let Some(unmerged) = self.finish_merge().await? {
-            return self.on_datafusion(unmerged);
+            return Ok(Phase::OnDataFusion(self.rest_on_datafusion(unmerged)?));
         }
         self.start_grouping()?;
         let groups = match self.finish_grouping().await?.map(|grouped| grouped.groups) {
-            Some(Err(unmerged)) => return self.on_datafusion(unmerged),
+            Some(Err(unmerged)) => return Ok(Phase::OnDataFusion(self.rest_on_datafusion(unmerged)?)),
             // The last merge's groups leave now, whatever the pool says.
             Some(Ok(groups)) => vec![groups],
             None => self.merged.take().map(|(groups, _)| groups).into_iter().collect(),
@@ -373,7 +437,7 @@ impl Chunks {
 
     /// DataFusion's aggregation of `unmerged`, the groups so far, the chunk
     /// read and the rest of the input, as it comes.
-    fn on_datafusion(&mut self, mut unmerged: Vec<RecordBatch>) -> Result<Phase> {
+    fn rest_on_datafusion(&mut self, mut unmerged: Vec<RecordBatch>) -> Result<SendableRecordBatchStream> {
         if let Some((merged, _)) = self.merged.take() {
             unmerged.push(self.job.grouping.as_input(&merged)?);
         }
@@ -406,7 +470,7 @@ impl Chunks {
         let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
         let aggregate = Arc::clone(&self.job.aggregate) as Arc<dyn ExecutionPlan>;
         let plan = aggregate.replace_children(vec![input.plan()?], options)?;
-        Ok(Phase::OnDataFusion(plan.execute(0, Arc::clone(&self.context))?))
+        plan.execute(0, Arc::clone(&self.context))
     }
 
     /// `groups` in batches of the session's size, each over memory of its
