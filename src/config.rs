@@ -404,8 +404,11 @@ extensions_options! {
         /// chunk while the next is read, so that a partition holds up to
         /// two, counted in the session's memory pool (a chunk the pool
         /// refuses more rows is grouped as it stands). A partial
-        /// aggregation's groups of each chunk leave once the next is read;
-        /// a final one merges each chunk into its groups.
+        /// aggregation's groups of each chunk leave once the next is read
+        /// (and where they hardly reduce its rows, by DataFusion's
+        /// `skip_partial_aggregation_probe_*` settings, the rest of its
+        /// input goes to DataFusion's); a final one merges each chunk into
+        /// its groups.
         pub aggregate_chunk_rows: usize, default = 1 << 23
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
