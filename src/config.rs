@@ -389,8 +389,9 @@ extensions_options! {
         /// below.
         pub filters_from_above: bool, default = true
         /// Group the rows of DataFusion's aggregations on the backend:
-        /// where the grouping columns are integers, dates, times, decimals
-        /// or booleans and every aggregate is a `count`, or a `sum`, `min`,
+        /// where the grouping columns are integers, dates, times, decimals,
+        /// booleans, or strings or bytes (grouped by codes given in each
+        /// chunk, up to 63 bits of them together) and every aggregate is a `count`, or a `sum`, `min`,
         /// `max` or `avg` of integers, decimals, dates or times (no
         /// DISTINCT, FILTER or ORDER BY), over at least `min_rows`
         /// estimated input rows. Partial aggregations fold rows into
@@ -406,9 +407,9 @@ extensions_options! {
         /// refuses more rows is grouped as it stands). A partial
         /// aggregation's groups of each chunk leave once the next is read
         /// (and where they hardly reduce its rows, by DataFusion's
-        /// `skip_partial_aggregation_probe_*` settings, the rest of its
-        /// input goes to DataFusion's); a final one merges each chunk into
-        /// its groups.
+        /// `skip_partial_aggregation_probe_*` settings, or where a chunk's
+        /// keys do not pack, the rest of its input goes to DataFusion's); a
+        /// final one merges each chunk into its groups.
         pub aggregate_chunk_rows: usize, default = 1 << 23
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the

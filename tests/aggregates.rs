@@ -2,10 +2,11 @@
 //! (`gpu_join.aggregate`), against DataFusion's on fresh random rows: every
 //! aggregate the backend folds or merges, NULL keys and values, duplicates,
 //! heavy skew, many groups, empty input, sums past 64 bits, chunks of a few
-//! rows (a final aggregation merging many chunks), keys that do not pack
-//! (left to DataFusion chunk by chunk, and a final aggregation's whole
-//! partition), single-phase aggregations run in two, and a memory pool that
-//! grants the aggregations less than they would hold.
+//! rows (a final aggregation merging many chunks), strings among the keys,
+//! keys that do not pack (a partial aggregation's rows, and a final
+//! aggregation's whole partition, left to DataFusion), single-phase
+//! aggregations run in two, and a memory pool that grants the aggregations
+//! less than they would hold.
 
 use std::fmt;
 use std::sync::Arc;
@@ -206,7 +207,8 @@ async fn aggregations_grouped_on_the_backend_match_datafusion() {
     ] {
         let batches = table(rows, keys, null_every, &mut rng);
         let contexts = sessions(&batches, chunk_rows);
-        for group_by in ["k", "k, g", "g, b, d", "d"] {
+        // Strings group by their codes in each chunk, beside other keys too.
+        for group_by in ["k", "k, g", "g, b, d", "d", "s", "k, s", "arrow_cast(s, 'Utf8View'), g"] {
             let sql = format!("SELECT {group_by}, {AGGREGATES} FROM t GROUP BY {group_by}");
             let ran = compare(&contexts, &sql).await;
             let [partial, last] = ran.as_slice() else {
@@ -300,7 +302,7 @@ async fn a_partial_aggregation_that_hardly_reduces_leaves_its_rows_to_datafusion
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn keys_that_do_not_pack_are_grouped_by_datafusion_chunk_by_chunk() {
+async fn keys_that_do_not_pack_leave_the_rows_to_datafusion() {
     let batches = table(10_000, Keys::Distinct, 50, &mut StdRng::from_os_rng());
     let contexts = sessions(&batches, 3000);
     let sql = format!("SELECT wide, k, {AGGREGATES} FROM t GROUP BY wide, k");
@@ -343,7 +345,7 @@ async fn aggregations_the_backend_cannot_fold_stay_datafusion_s() {
     // The partial aggregations stay; the final ones above them merge on
     // the backend where they can: a filtered sum's states are sums.
     for (sql, merged) in [
-        ("SELECT s, sum(v) FROM t GROUP BY s", false),
+        ("SELECT CAST(g AS DOUBLE) f, sum(v) FROM t GROUP BY f", false),
         ("SELECT k, sum(v) FILTER (WHERE g > 0) FROM t GROUP BY k", true),
         ("SELECT k, max(s) FROM t GROUP BY k", false),
         ("SELECT k, bit_and(v) FROM t GROUP BY k", false),
@@ -376,11 +378,14 @@ async fn each_aggregation_s_placement_is_reported_with_its_reason() {
     let backend = test_backend_choice();
     let on_backend = gpu.gpu_aggregate_decisions("SELECT k, sum(v) FROM t GROUP BY k").await.expect("planned");
     assert_eq!(placements(on_backend), [format!("Partial {backend}"), format!("FinalPartitioned {backend}")]);
-    let string_keys = gpu.gpu_aggregate_decisions("SELECT s, sum(v) FROM t GROUP BY s").await.expect("planned");
+    let float_keys =
+        gpu.gpu_aggregate_decisions("SELECT CAST(g AS DOUBLE) f, sum(v) FROM t GROUP BY f").await.expect("planned");
     assert_eq!(
-        placements(string_keys),
-        ["Partial: grouping column of type Utf8", "FinalPartitioned: grouping column of type Utf8"]
+        placements(float_keys),
+        ["Partial: grouping column of type Float64", "FinalPartitioned: grouping column of type Float64"]
     );
+    let string_keys = gpu.gpu_aggregate_decisions("SELECT s, sum(v) FROM t GROUP BY s").await.expect("planned");
+    assert_eq!(placements(string_keys), [format!("Partial {backend}"), format!("FinalPartitioned {backend}")]);
     let average = gpu.gpu_aggregate_decisions("SELECT k, avg(p) FROM t GROUP BY k").await.expect("planned");
     assert_eq!(
         placements(average),

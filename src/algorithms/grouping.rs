@@ -2,7 +2,8 @@
 //!
 //! DataFusion evaluates the grouping and argument expressions on the host,
 //! batch by batch; the keys become exact normalised keys, as a join's
-//! packed keys, with NULLs coded as values (a NULL is a group of its own),
+//! packed keys, strings and bytes by their codes in the chunk
+//! (`string_codes`), with NULLs coded as values (a NULL is a group of its own),
 //! encoded straight into the memory their upload reads, the arguments
 //! copied there from the batches they came in, and the backend groups them
 //! and folds each aggregate's state ([`JoinBackend::group_rows`]). Nothing
@@ -37,6 +38,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode, A
 
 use super::host_rows::{HostRows, TakenRows};
 use super::staged_keys::{KeyedVector, StagedKeys, evaluate_keys, upload_keys};
+use super::string_codes::{is_coded_type, with_codes};
 use crate::backend::{IntegerWidth, JoinBackend, Reduction};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, is_packable_key_type};
 
@@ -141,7 +143,7 @@ impl Grouping {
         let input = aggregate.input().schema();
         for (expr, _) in groups.expr() {
             let data_type = expr.data_type(&input)?;
-            if !is_packable_key_type(&data_type) {
+            if !is_packable_key_type(&data_type) && !is_coded_type(&data_type) {
                 return Ok(Err(AggregateNotOnGpu::GroupType(data_type)));
             }
         }
@@ -285,13 +287,17 @@ impl Grouping {
     /// group; `None` where the keys do not pack, for DataFusion's operator.
     pub fn group<B: JoinBackend>(&self, backend: &B, batches: &[RecordBatch]) -> Result<Option<RecordBatch>> {
         let keys = StagedKeys::evaluate(&self.group_by, batches)?;
-        let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&keys.pieces), NullEquality::NullEqualsNull)?;
+        let Some(coded) = with_codes(&keys.pieces)? else {
+            return Ok(None);
+        };
+        let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&coded), NullEquality::NullEqualsNull)?;
         if encoder.exactness() != KeyExactness::Exact {
             return Ok(None);
         }
+        let codes = StagedKeys::of_pieces(coded, batches);
         let arguments = batches.iter().map(|batch| evaluate_keys(&self.arguments, batch)).collect::<Result<_>>()?;
         let arguments = in_their_batches(arguments, batches)?;
-        let groups = match upload_keys(backend, &encoder, &keys)? {
+        let groups = match upload_keys(backend, &encoder, &codes)? {
             KeyedVector::U32(codes) => self.fold(backend, &codes, &arguments)?,
             KeyedVector::U64(codes) => self.fold(backend, &codes, &arguments)?,
         };

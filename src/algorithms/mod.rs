@@ -28,6 +28,7 @@ mod semantics;
 mod side;
 mod staged_keys;
 mod strategy;
+mod string_codes;
 
 pub use build_side::{BuildSide, ProbePlan, finish_build_side, prepare_build_side};
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};

@@ -66,7 +66,7 @@ impl StagedKeys {
         }
     }
 
-    fn of_pieces(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Self {
+    pub(super) fn of_pieces(pieces: Vec<Vec<ArrayRef>>, batches: &[RecordBatch]) -> Self {
         let (mut starts, mut rows) = (Vec::with_capacity(batches.len()), 0);
         for batch in batches {
             starts.push(rows);

@@ -102,11 +102,13 @@ impl AggregateMetrics {
 /// merges each chunk into the groups so far and sends them when its input
 /// ends. A partial aggregation whose chunks hardly reduce (`SkipProbe`)
 /// sends the groups made so far and leaves the rest of its input to
-/// DataFusion's.
+/// DataFusion's, as does one with a chunk the backend could not group (its
+/// keys too wide to pack, or the device failed).
 ///
 /// ```text
 /// Reading ──(a chunk read; partial: the one before it grouped)──▶ Emitting ──(its groups sent)──▶ Reading
 /// Reading ──(a chunk read; partial: the chunks grouped hardly reduce)──▶ Handing
+/// Reading ──(a chunk read; partial: the one before it not grouped)──▶ Handing
 /// Handing ──(the last chunk's groups sent)──▶ OnDataFusion
 /// Reading ──(a chunk read; final: the one before it merged)──▶ Reading
 /// Reading ──(input ends: the last chunk grouped)──▶ Ending ──(the groups sent)──▶ Done
@@ -312,7 +314,14 @@ impl Chunks {
     /// A partial aggregation's chunk read: the groups of the chunk before
     /// it, to send, and this one's grouping started.
     async fn group_read(&mut self) -> Result<Phase> {
-        let previous = self.finish_grouping().await?;
+        let previous = match self.finish_grouping().await? {
+            // Chunks of one input are alike: the next would most likely
+            // not group on the backend either.
+            Some(Grouped { groups: Err(ungrouped), .. }) => {
+                return Ok(Phase::Handing(VecDeque::new(), self.rest_on_datafusion(ungrouped)?));
+            }
+            previous => previous,
+        };
         let reduces_too_little = match (&previous, &mut self.skip_probe) {
             (Some(Grouped { rows, groups: Ok(groups) }), Some(probe)) => {
                 probe.reduces_too_little(*rows, groups.num_rows())
