@@ -109,14 +109,13 @@ impl Codes {
     ) {
         for (i, view) in views.iter().enumerate() {
             let length = *view as u32;
-            let code = match length <= 12 {
-                _ if nulls.is_some_and(|nulls| nulls.is_null(i)) => 0,
-                true => {
-                    let view = *view & (u128::MAX >> (96 - 8 * length));
-                    let next = self.distinct() as u32;
-                    *self.of_views.entry(view).or_insert(next)
-                }
-                false => self.of_bytes(value(i)),
+            let code = if nulls.is_some_and(|nulls| nulls.is_null(i)) {
+                0
+            } else if length <= 12 {
+                let next = self.distinct() as u32;
+                *self.of_views.entry(*view & (u128::MAX >> (96 - 8 * length))).or_insert(next)
+            } else {
+                self.of_bytes(value(i))
             };
             codes.push(code);
         }
