@@ -411,6 +411,15 @@ extensions_options! {
         /// keys do not pack, the rest of its input goes to DataFusion's); a
         /// final one merges each chunk into its groups.
         pub aggregate_chunk_rows: usize, default = 1 << 23
+        /// The fewest values a chunk's grouping keys must be able to take
+        /// (by their ranges, strings by their distinct values in the chunk)
+        /// for `aggregate` to group the chunk on the backend. Keys that take
+        /// fewer make few groups, which DataFusion's aggregation keeps in
+        /// the CPU's caches and folds for less than moving every row to the
+        /// device costs: such a chunk, and with it the rest of a partial
+        /// aggregation's input, goes to DataFusion's, as a chunk whose keys
+        /// do not pack does. 0 groups every chunk that packs on the backend.
+        pub aggregate_min_key_values: usize, default = 1 << 16
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the
         /// candidate pairs where they lie. Other filters, and all of them

@@ -314,6 +314,31 @@ async fn keys_that_do_not_pack_leave_the_rows_to_datafusion() {
     assert_eq!((last.on_backend, last.on_datafusion), (0, partial.groups), "{sql}");
 }
 
+/// Keys that can take few values make few groups, which DataFusion's
+/// aggregation folds in the CPU's caches: their rows stay there
+/// (`gpu_join.aggregate_min_key_values`), while keys of more values group
+/// on the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_of_few_values_leave_the_rows_to_datafusion() {
+    let rows = 20_000;
+    let batches = table(rows, Keys::Duplicated, 50, &mut StdRng::from_os_rng());
+    let contexts = sessions(&batches, 3000);
+    let set = "SET gpu_join.aggregate_min_key_values = 512";
+    contexts[0].sql(set).await.expect(set).collect().await.expect(set);
+    // `g` takes 7 values and NULL; `k` takes 600 and NULL.
+    for (column, on_backend) in [("g", false), ("k", true)] {
+        let sql = format!("SELECT {column}, {AGGREGATES} FROM t GROUP BY {column}");
+        let ran = compare(&contexts, &sql).await;
+        let partial = ran.first().unwrap_or_else(|| panic!("{sql}: no GpuAggregateExec: {ran:?}"));
+        assert!(!partial.final_groups, "{sql}: {ran:?}");
+        let expected = match on_backend {
+            true => (rows, 0),
+            false => (0, rows),
+        };
+        assert_eq!((partial.on_backend, partial.on_datafusion), expected, "{sql}: {ran:?}");
+    }
+}
+
 /// A final aggregation whose later chunks do not pack hands the groups it
 /// merged so far to DataFusion's aggregation with the rest of its input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

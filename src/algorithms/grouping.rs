@@ -284,14 +284,24 @@ impl Grouping {
     }
 
     /// The partial aggregation of `batches` on `backend`: one row per
-    /// group; `None` where the keys do not pack, for DataFusion's operator.
-    pub fn group<B: JoinBackend>(&self, backend: &B, batches: &[RecordBatch]) -> Result<Option<RecordBatch>> {
+    /// group; `None`, for DataFusion's operator, where the keys do not pack
+    /// or can take fewer than `min_key_values` values (few groups, which
+    /// the CPU folds for less than their rows' way to the device).
+    pub fn group<B: JoinBackend>(
+        &self,
+        backend: &B,
+        batches: &[RecordBatch],
+        min_key_values: usize,
+    ) -> Result<Option<RecordBatch>> {
         let keys = StagedKeys::evaluate(&self.group_by, batches)?;
         let Some(coded) = with_codes(&keys.pieces)? else {
             return Ok(None);
         };
         let encoder = KeyEncoder::for_key_ranges(&KeyRanges::of_pieces(&coded), NullEquality::NullEqualsNull)?;
         if encoder.exactness() != KeyExactness::Exact {
+            return Ok(None);
+        }
+        if encoder.code_count().is_some_and(|values| (values as usize) < min_key_values) {
             return Ok(None);
         }
         let codes = StagedKeys::of_pieces(coded, batches);

@@ -49,6 +49,8 @@ pub struct GpuAggregateExec {
     backend: BackendHandle,
     /// Rows of the input grouped at once (`gpu_join.aggregate_chunk_rows`).
     chunk_rows: usize,
+    /// `gpu_join.aggregate_min_key_values`.
+    min_key_values: usize,
     concurrent_tasks: usize,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -66,6 +68,7 @@ impl GpuAggregateExec {
             grouping: Arc::new(grouping),
             backend,
             chunk_rows: options.aggregate_chunk_rows.max(1),
+            min_key_values: options.aggregate_min_key_values,
             concurrent_tasks: options.concurrent_tasks,
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -90,6 +93,7 @@ impl GpuAggregateExec {
             grouping: Arc::clone(&self.grouping),
             backend: self.backend.clone(),
             chunk_rows: self.chunk_rows,
+            min_key_values: self.min_key_values,
             concurrent_tasks: self.concurrent_tasks,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -149,6 +153,7 @@ impl ExecutionPlan for GpuAggregateExec {
             aggregate: Arc::clone(&self.aggregate),
             grouping: Arc::clone(&self.grouping),
             backend: self.backend.clone(),
+            min_key_values: self.min_key_values,
             concurrent_tasks: self.concurrent_tasks,
         };
         grouped_in_chunks(job, self.chunk_rows, &self.metrics, partition, context)

@@ -103,7 +103,8 @@ impl AggregateMetrics {
 /// ends. A partial aggregation whose chunks hardly reduce (`SkipProbe`)
 /// sends the groups made so far and leaves the rest of its input to
 /// DataFusion's, as does one with a chunk the backend could not group (its
-/// keys too wide to pack, or the device failed).
+/// keys too wide to pack, or of too few values to pay, or the device
+/// failed).
 ///
 /// ```text
 /// Reading ──(a chunk read; partial: the one before it grouped)──▶ Emitting ──(its groups sent)──▶ Reading
@@ -222,6 +223,8 @@ pub(super) struct GroupingJob {
     pub aggregate: Arc<AggregateExec>,
     pub grouping: Arc<Grouping>,
     pub backend: BackendHandle,
+    /// The fewest values a chunk's keys take for the backend to group it.
+    pub min_key_values: usize,
     pub concurrent_tasks: usize,
 }
 
@@ -230,10 +233,9 @@ impl GroupingJob {
     /// timed in `compute`; the batches back where it cannot group them.
     async fn group(self: Arc<Self>, batches: Vec<RecordBatch>, rows: usize, compute: Time) -> Grouped {
         let timer = compute.timer();
-        let (grouping, tasks) = (Arc::clone(&self.grouping), self.concurrent_tasks);
         let grouped = match self.backend.clone() {
-            BackendHandle::Cpu => on_backend::<CpuBackend>((), grouping, batches.clone(), tasks).await,
-            BackendHandle::Cuda(device) => on_backend::<CudaBackend>(device, grouping, batches.clone(), tasks).await,
+            BackendHandle::Cpu => on_backend::<CpuBackend>((), &self, batches.clone()).await,
+            BackendHandle::Cuda(device) => on_backend::<CudaBackend>(device, &self, batches.clone()).await,
         };
         timer.done();
         let groups = match grouped {
@@ -501,14 +503,14 @@ impl Chunks {
 /// are; `None` where its keys do not group there.
 async fn on_backend<B: JoinBackend>(
     device: B::Device,
-    grouping: Arc<Grouping>,
+    job: &GroupingJob,
     batches: Vec<RecordBatch>,
-    concurrent_tasks: usize,
 ) -> Result<Option<RecordBatch>> {
-    let _permit = B::admission(&device).shared(concurrent_tasks).await?;
+    let _permit = B::admission(&device).shared(job.concurrent_tasks).await?;
+    let (grouping, min_key_values) = (Arc::clone(&job.grouping), job.min_key_values);
     run_blocking("grouping rows", move || {
         let backend = B::open(&device, Arc::new(DeviceCounters::default()))?;
-        grouping.group(&backend, &batches)
+        grouping.group(&backend, &batches, min_key_values)
     })
     .await
 }

@@ -25,6 +25,7 @@ pub fn test_options() -> GpuJoinConfig {
     options.backend = test_backend_choice();
     options.min_rows = 0;
     options.min_build_rows = 0;
+    options.aggregate_min_key_values = 0;
     options
 }
 
