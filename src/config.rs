@@ -400,7 +400,7 @@ extensions_options! {
         /// a final one. DataFusion still evaluates the grouping
         /// and argument expressions. `EXPLAIN` shows `GpuAggregateExec`;
         /// the aggregations that stay are logged as `explain` says.
-        pub aggregate: bool, default = false
+        pub aggregate: bool, default = true
         /// Input rows of a partition grouped at once by `aggregate`, each
         /// chunk while the next is read, so that a partition holds up to
         /// two, counted in the session's memory pool (a chunk the pool
@@ -418,7 +418,10 @@ extensions_options! {
         /// the CPU's caches and folds for less than moving every row to the
         /// device costs: such a chunk, and with it the rest of a partial
         /// aggregation's input, goes to DataFusion's, as a chunk whose keys
-        /// do not pack does. 0 groups every chunk that packs on the backend.
+        /// do not pack does. A partition's first 262,144 rows are checked
+        /// so before its first chunk fills: where they fail, its whole input
+        /// goes to DataFusion's with no chunk held for the backend. 0 groups
+        /// every chunk that packs on the backend.
         pub aggregate_min_key_values: usize, default = 1 << 16
         /// Evaluate join filters that compare columns of integer, date or
         /// time types (`a.x <> b.y AND a.z < b.z`) on the backend, on the

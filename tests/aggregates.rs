@@ -339,6 +339,30 @@ async fn keys_of_few_values_leave_the_rows_to_datafusion() {
     }
 }
 
+/// A partition's first 262,144 rows decide, before its first chunk fills:
+/// where their keys take few values, the whole input goes to DataFusion's
+/// aggregation, even though the chunk they begin would span many more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_first_rows_of_few_key_values_leave_the_whole_input_to_datafusion() {
+    let mut rng = StdRng::from_os_rng();
+    // `k` takes 600 values and NULL in the first part, almost any of 2^32 in the second.
+    let (few, many) = (table(270_000, Keys::Duplicated, 50, &mut rng), table(60_000, Keys::Distinct, 50, &mut rng));
+    let rows = 330_000;
+    for (first, on_backend) in [(&few, false), (&many, true)] {
+        let rest = if on_backend { &few } else { &many };
+        let batches: Vec<RecordBatch> = first.iter().chain(rest).cloned().collect();
+        // One partition, its input one chunk.
+        let contexts = sessions_in(&batches, 1 << 20, 1, None);
+        let set = "SET gpu_join.aggregate_min_key_values = 65536";
+        contexts[0].sql(set).await.expect(set).collect().await.expect(set);
+        let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
+        let ran = compare(&contexts, &sql).await;
+        let partial = ran.first().unwrap_or_else(|| panic!("{sql}: no GpuAggregateExec: {ran:?}"));
+        let expected = if on_backend { (rows, 0) } else { (0, rows) };
+        assert_eq!((partial.on_backend, partial.on_datafusion), expected, "{sql}: {ran:?}");
+    }
+}
+
 /// A final aggregation whose later chunks do not pack hands the groups it
 /// merged so far to DataFusion's aggregation with the rest of its input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -94,9 +94,10 @@ async fn queries_match(gpu: &SessionContext, reference: &SessionContext, operato
     operators
 }
 
-/// The CPU time by operator of a run counts each session's own join
-/// operator, and only its own: the GPU session's joins as `GpuJoinExec`,
-/// DataFusion's as `HashJoinExec`.
+/// The CPU time by operator of a run counts each session's own join and
+/// aggregation operators, and only its own: the GPU session's as
+/// `GpuJoinExec` and `GpuAggregateExec`, DataFusion's as `HashJoinExec` and
+/// `AggregateExec`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_counts_the_time_of_each_operator() {
     let (gpu, reference) = sessions_over_memory();
@@ -108,10 +109,12 @@ async fn a_run_counts_the_time_of_each_operator() {
     let alone = workloads::run_statements_timed(&reference, &statements).await.expect("Q9 runs");
     assert_eq!(sorted_rows(&on_gpu.rows), sorted_rows(&alone.rows));
     assert!(time_of(&on_gpu, "GpuJoinExec").is_some_and(|time| !time.is_zero()), "{:?}", on_gpu.operators);
-    assert!(time_of(&on_gpu, "AggregateExec").is_some_and(|time| !time.is_zero()), "{:?}", on_gpu.operators);
+    assert!(time_of(&on_gpu, "GpuAggregateExec").is_some_and(|time| !time.is_zero()), "{:?}", on_gpu.operators);
     assert_eq!(time_of(&on_gpu, "HashJoinExec"), None, "{:?}", on_gpu.operators);
     assert!(time_of(&alone, "HashJoinExec").is_some_and(|time| !time.is_zero()), "{:?}", alone.operators);
+    assert!(time_of(&alone, "AggregateExec").is_some_and(|time| !time.is_zero()), "{:?}", alone.operators);
     assert_eq!(time_of(&alone, "GpuJoinExec"), None, "{:?}", alone.operators);
+    assert_eq!(time_of(&alone, "GpuAggregateExec"), None, "{:?}", alone.operators);
     // The largest first.
     let times: Vec<_> = on_gpu.operators.iter().map(|(_, time)| *time).collect();
     assert!(times.windows(2).all(|pair| pair[0] >= pair[1]), "{:?}", on_gpu.operators);

@@ -283,16 +283,18 @@ impl Grouping {
         Ok(RecordBatch::try_new(Arc::clone(&self.input_schema), groups.columns().to_vec())?)
     }
 
-    /// The partial aggregation of `batches` on `backend`: one row per
-    /// group; `None`, for DataFusion's operator, where the keys do not pack
-    /// or can take fewer than `min_key_values` values (few groups, which
-    /// the CPU folds for less than their rows' way to the device).
-    pub fn group<B: JoinBackend>(
-        &self,
-        backend: &B,
-        batches: &[RecordBatch],
-        min_key_values: usize,
-    ) -> Result<Option<RecordBatch>> {
+    /// Whether the grouping keys of `batches` group on the backend: they
+    /// pack, and can take at least `min_key_values` values. Only the host
+    /// looks at them.
+    pub fn keys_group_on_backend(&self, batches: &[RecordBatch], min_key_values: usize) -> Result<bool> {
+        Ok(self.packed_keys(batches, min_key_values)?.is_some())
+    }
+
+    /// The grouping keys of `batches`, their codes and the encoder that
+    /// packs them; `None` where they do not pack or can take fewer than
+    /// `min_key_values` values (few groups, which the CPU folds for less
+    /// than their rows' way to the device).
+    fn packed_keys(&self, batches: &[RecordBatch], min_key_values: usize) -> Result<Option<PackedKeys>> {
         let keys = StagedKeys::evaluate(&self.group_by, batches)?;
         let Some(coded) = with_codes(&keys.pieces)? else {
             return Ok(None);
@@ -304,6 +306,21 @@ impl Grouping {
         if encoder.code_count().is_some_and(|values| (values as usize) < min_key_values) {
             return Ok(None);
         }
+        Ok(Some(PackedKeys { keys, coded, encoder }))
+    }
+
+    /// The partial aggregation of `batches` on `backend`: one row per
+    /// group; `None`, for DataFusion's operator, where the keys do not
+    /// group on the backend ([`Grouping::keys_group_on_backend`]).
+    pub fn group<B: JoinBackend>(
+        &self,
+        backend: &B,
+        batches: &[RecordBatch],
+        min_key_values: usize,
+    ) -> Result<Option<RecordBatch>> {
+        let Some(PackedKeys { keys, coded, encoder }) = self.packed_keys(batches, min_key_values)? else {
+            return Ok(None);
+        };
         let codes = StagedKeys::of_pieces(coded, batches);
         let arguments = batches.iter().map(|batch| evaluate_keys(&self.arguments, batch)).collect::<Result<_>>()?;
         let arguments = in_their_batches(arguments, batches)?;
@@ -368,6 +385,14 @@ impl Grouping {
         let reductions: Vec<_> = self.states.iter().zip(&columns).map(|(s, c)| (s.reduction, c.as_ref())).collect();
         backend.group_rows(keys, &reductions)
     }
+}
+
+/// A chunk's grouping keys as evaluated, with strings and bytes given
+/// codes, and the encoder that packs them into one integer per row.
+struct PackedKeys {
+    keys: StagedKeys,
+    coded: Vec<Vec<ArrayRef>>,
+    encoder: KeyEncoder,
 }
 
 /// Columns evaluated on each of `batches`, `pieces`, as rows that go up,

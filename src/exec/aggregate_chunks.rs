@@ -55,6 +55,7 @@ pub(super) fn grouped_in_chunks(
         pending: None,
         merged: None,
         phase: Phase::Reading,
+        first_rows_to_check: true,
         reservation,
         job: Arc::new(job),
         chunk_rows,
@@ -104,9 +105,12 @@ impl AggregateMetrics {
 /// sends the groups made so far and leaves the rest of its input to
 /// DataFusion's, as does one with a chunk the backend could not group (its
 /// keys too wide to pack, or of too few values to pay, or the device
-/// failed).
+/// failed). The keys of the first `FIRST_ROWS_CHECKED` rows are checked
+/// before the first chunk fills, so that an input whose keys would not
+/// group goes to DataFusion's at once, with no chunk held for the backend.
 ///
 /// ```text
+/// Reading ──(the first rows read: their keys would not group on the backend)──▶ OnDataFusion
 /// Reading ──(a chunk read; partial: the one before it grouped)──▶ Emitting ──(its groups sent)──▶ Reading
 /// Reading ──(a chunk read; partial: the chunks grouped hardly reduce)──▶ Handing
 /// Reading ──(a chunk read; partial: the one before it not grouped)──▶ Handing
@@ -154,6 +158,9 @@ struct Chunks {
     /// merge is under way, and their memory.
     merged: Option<(RecordBatch, usize)>,
     phase: Phase,
+    /// Whether the first rows are still to be checked: no chunk has been
+    /// grouped yet, nor `FIRST_ROWS_CHECKED` rows read.
+    first_rows_to_check: bool,
     /// The memory of `chunk`, of the chunk being grouped and of `merged`.
     reservation: MemoryReservation,
     job: Arc<GroupingJob>,
@@ -200,6 +207,13 @@ impl SkipProbe {
         rows >= self.rows && groups as f64 / rows.max(1) as f64 > self.ratio
     }
 }
+
+/// Input rows of a partition whose grouping keys are checked before its
+/// first chunk fills (`Chunks::check_first_rows`): enough that keys stored
+/// in order still show a range past the default `aggregate_min_key_values`
+/// (TPC-H's `lineitem`, in order key order, spans about as many order keys
+/// as rows), few enough to hold at no cost beside a chunk.
+const FIRST_ROWS_CHECKED: usize = 1 << 18;
 
 /// A chunk being grouped on a task of its own.
 struct Pending {
@@ -283,6 +297,9 @@ impl Chunks {
                         None => None,
                     };
                     self.phase = match next.map(|batch| self.read(batch)) {
+                        Some(Read::More) if self.first_rows_to_check && self.rows >= FIRST_ROWS_CHECKED => {
+                            self.check_first_rows()?
+                        }
                         Some(Read::More) => Phase::Reading,
                         Some(_) if !self.job.grouping.final_groups() => self.group_read().await?,
                         Some(read) => self.merge_read(read).await?,
@@ -310,6 +327,27 @@ impl Chunks {
             (true, _) => Read::Refused,
             (false, true) => Read::Full,
             (false, false) => Read::More,
+        }
+    }
+
+    /// The partition's first rows read: reading goes on where their keys
+    /// group on the backend; otherwise the whole input goes to DataFusion's
+    /// aggregation now, rather than after a chunk or two held for the
+    /// backend (two chunks of a partial aggregation: one read while the
+    /// first is tried).
+    fn check_first_rows(&mut self) -> Result<Phase> {
+        self.first_rows_to_check = false;
+        let timer = self.metrics.baseline.elapsed_compute().timer();
+        let on_backend = self.job.grouping.keys_group_on_backend(&self.chunk, self.job.min_key_values);
+        timer.done();
+        match on_backend {
+            Ok(true) => Ok(Phase::Reading),
+            outcome => {
+                if let Err(e) = outcome {
+                    log::warn!("gpu_join: an aggregation's keys are left to DataFusion: {e}");
+                }
+                Ok(Phase::OnDataFusion(self.rest_on_datafusion(vec![])?))
+            }
         }
     }
 
@@ -382,6 +420,7 @@ impl Chunks {
     /// Starts grouping the chunk read so far, a final aggregation's groups
     /// so far with it, once the chunk before it is done.
     fn start_grouping(&mut self) -> Result<()> {
+        self.first_rows_to_check = false;
         if self.rows == 0 {
             return Ok(());
         }
