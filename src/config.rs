@@ -327,10 +327,13 @@ extensions_options! {
         /// back.
         pub memory_limit: MemoryLimit, default = MemoryLimit::Auto
         /// Run a join DataFusion planned in `Partitioned` mode over hash
-        /// repartitions of both inputs in `CollectLeft` mode without them,
-        /// where nothing above relies on the join's partitioning and the
-        /// join runs on one device (`gpu_join.devices`): one build side on
-        /// the device serves every probe partition.
+        /// repartitions of its inputs in `CollectLeft` mode without them,
+        /// where nothing above relies on the join's partitioning, the plan
+        /// calls it large and it runs on one device (`gpu_join.devices`):
+        /// one build side on the device serves every probe partition. An
+        /// input that is another join, which DataFusion partitioned by the
+        /// same keys for this one, needs its partitions no longer, and
+        /// collects its build side too.
         pub collect_build_side: bool, default = true
         /// Most build rows joined in one pass; a larger build side is split
         /// by key hash into passes, each probe partition joined pass by

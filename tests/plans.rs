@@ -470,13 +470,16 @@ async fn a_join_sized_at_run_time_keeps_datafusions_partitions() {
     assert_eq!(large, [(JoinType::Inner, PartitionMode::CollectLeft)], "{text}");
     let (joins, text) = modes(sql).await;
     assert_eq!(joins.last(), Some(&(JoinType::Left, PartitionMode::Partitioned)), "{text}");
-    // The join below the left join keeps the partitions the left join
-    // relies on, so with no more build rows than `w`'s 5 it is not replaced.
+    // The left join repartitions the join below it by its own key, so
+    // nothing relies on that join's partitions: it collects `w`'s 5 rows
+    // as its one build side, which DataFusion's operator joins, and `f`
+    // is not repartitioned for it.
     run(&ctx, "SET gpu_join.min_build_rows = 1000000").await;
     let analyzed = explain_analyze(&ctx, sql).await;
     // Each partition's 12 or so probe rows build the hash table.
     assert_eq!(analyzed.matches("algorithm=DataFusion (sides swapped), mode=Partitioned").count(), 1, "{analyzed}");
-    assert_eq!(analyzed.matches("HashJoinExec: mode=Partitioned").count(), 1, "{analyzed}");
+    assert_eq!(analyzed.matches("mode=CollectLeft, join_type=Inner").count(), 1, "{analyzed}");
+    assert_eq!(analyzed.matches("RepartitionExec: partitioning=Hash").count(), 2, "{analyzed}");
     assert_eq!(sorted_rows(&run(&ctx, sql).await), sorted_rows(&run(&reference, sql).await));
 }
 
@@ -554,6 +557,40 @@ async fn a_small_build_side_is_left_to_datafusion() {
             assert_eq!(sorted_rows(&run(&ctx, sql).await), expected, "{mode}, min_build_rows = {min_build_rows}");
         }
     }
+}
+
+/// Joins on one key, one above the other: DataFusion partitions each by the
+/// key and the upper one takes the lower one's output as it is partitioned.
+/// Nothing relies on the upper join's partitioning, so it collects its build
+/// side; the lower one then needn't keep its partitions for it and collects
+/// its build side too: no input of either is hash-repartitioned. The rows
+/// are DataFusion's, the semi and anti joins' filters included.
+#[tokio::test]
+async fn joins_on_one_key_over_each_other_all_collect_their_build_sides() {
+    let tables = [
+        "CREATE TABLE a (k INT, x INT) AS SELECT i % 300, i FROM generate_series(1, 3000) t(i)",
+        "CREATE TABLE b (k INT, y INT) AS SELECT CASE WHEN i % 97 = 0 THEN NULL ELSE i % 400 END, i % 7 \
+         FROM generate_series(1, 2500) t(i)",
+        "CREATE TABLE c (k INT, z INT) AS SELECT i % 250, i % 5 FROM generate_series(1, 2000) t(i)",
+    ];
+    let (ctx, reference) = four_partition_sessions(&PARTITIONED, &tables).await;
+    for sql in [
+        "SELECT a.k, a.x, b.y, c.z FROM a JOIN b ON a.k = b.k JOIN c ON b.k = c.k",
+        "SELECT a.k, a.x FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.y <> a.x % 7) \
+         AND NOT EXISTS (SELECT 1 FROM c WHERE c.k = a.k AND c.z <> a.x % 5)",
+    ] {
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        let modes: Vec<_> = gpu_joins(&plan).iter().map(|join| join.partition_mode()).collect();
+        assert_eq!(modes, [PartitionMode::CollectLeft; 2], "{text}");
+        assert!(!text.contains("partitioning=Hash"), "{text}");
+        assert_eq!(sorted_rows(&run(&ctx, sql).await), sorted_rows(&run(&reference, sql).await), "{sql}");
+    }
+    // Where DataFusion's own operator joins, the plan is DataFusion's.
+    run(&ctx, "SET gpu_join.enabled = false").await;
+    let plan = ctx.sql("SELECT a.x, c.z FROM a JOIN b ON a.k = b.k JOIN c ON b.k = c.k").await.unwrap();
+    let text = displayable(plan.create_physical_plan().await.unwrap().as_ref()).indent(true).to_string();
+    assert_eq!(text.matches("HashJoinExec: mode=Partitioned").count(), 2, "{text}");
 }
 
 /// `many`: 4,000 rows over 500 keys, every 50th key null; `few`: 60 rows,

@@ -11,7 +11,7 @@ use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoi
 use datafusion::physical_plan::sorts::sort::SortExec;
 
 use super::not_on_gpu::NotOnGpu;
-use super::shape::with_one_build_side;
+use super::shape::{may_collect_build_side, with_one_build_side};
 use super::walk::Relied;
 use crate::algorithms::choice::PlanStatistics;
 use crate::backend::Devices;
@@ -62,10 +62,17 @@ impl<'a> RuleContext<'a> {
         Self { options, shape, devices: None, statistics: PlanStatistics::default() }
     }
 
-    /// `None` for nodes that are not joins this rule handles.
-    pub fn assess(&mut self, node: &Arc<dyn ExecutionPlan>, relied: Relied) -> Result<Option<Assessment>> {
+    /// `None` for nodes that are not joins this rule handles. A hash join
+    /// for which [`Self::collects_build_side`] said yes before its inputs
+    /// were rewritten is replaced in `CollectLeft` mode (`collects`).
+    pub fn assess(
+        &mut self,
+        node: &Arc<dyn ExecutionPlan>,
+        relied: Relied,
+        collects: bool,
+    ) -> Result<Option<Assessment>> {
         if let Some(join) = node.downcast_ref::<HashJoinExec>() {
-            return self.assess_hash_join(join, relied).map(Some);
+            return self.assess_hash_join(join, collects).map(Some);
         }
         if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
             return match self.shape {
@@ -76,7 +83,29 @@ impl<'a> RuleContext<'a> {
         Ok(None)
     }
 
-    fn assess_hash_join(&mut self, join: &HashJoinExec, relied: Relied) -> Result<Assessment> {
+    /// Whether `node` is a hash join that will run in `CollectLeft` mode
+    /// with one build side, asked before its inputs are rewritten: a
+    /// `Partitioned` join over a hash repartition that the options allow to
+    /// collect its build side, on one device, that nothing above relies on
+    /// for its partitioning, and that the plan calls large. Its inputs then need no partitioning
+    /// of their own, so a join below it that DataFusion partitioned by the
+    /// same keys, for it, collects its build side too: in TPC-H Q21 the anti
+    /// join, the semi join below it and the join with `orders` below that,
+    /// all on the order key, none of whose inputs is then repartitioned.
+    pub fn collects_build_side(&mut self, node: &Arc<dyn ExecutionPlan>, relied: Relied) -> Result<bool> {
+        let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+            return Ok(false);
+        };
+        let allowed = self.shape == Shape::Best && self.options.collect_build_side && !relied.partitioning;
+        if !allowed || !may_collect_build_side(join) || (join.null_aware && join.on().len() != 1) {
+            return Ok(false);
+        }
+        let on_one_device =
+            matches!(self.common_checks(join.left(), join.right(), join.on())?, Ok(devices) if devices.len() == 1);
+        Ok(on_one_device && self.planned_size(join.left(), join.right()) == PlannedSize::Large)
+    }
+
+    fn assess_hash_join(&mut self, join: &HashJoinExec, collects: bool) -> Result<Assessment> {
         if *join.partition_mode() == PartitionMode::Auto {
             return Ok(Assessment::Keep(NotOnGpu::PartitionModeUndecided));
         }
@@ -87,24 +116,31 @@ impl<'a> RuleContext<'a> {
             Ok(devices) => devices,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
-        let reshaped = self.one_build_side(join, relied, &devices)?;
-        if reshaped.is_none()
-            && let Some(reason) = self.below_min_build_rows(join.left())
-        {
+        if collects {
+            let Some(reshaped) = with_one_build_side(join)? else {
+                return internal_err!(
+                    "GPU join rule: a {} join to collect its build side is not partitioned",
+                    join.join_type()
+                );
+            };
+            return self.replace(join, Some(reshaped), ReplacedOperator::HashJoin, devices, PlannedSize::Large);
+        }
+        if let Some(reason) = self.below_min_build_rows(join.left()) {
             return Ok(Assessment::Keep(reason));
         }
         let size = match self.planned_size(join.left(), join.right()) {
             PlannedSize::Small(reason) => return Ok(Assessment::Keep(reason)),
             size => size,
         };
-        self.replace(join, reshaped, ReplacedOperator::HashJoin, devices, size)
+        self.replace(join, None, ReplacedOperator::HashJoin, devices, size)
     }
 
-    /// `join` in `CollectLeft` mode without its hash repartitions, where
-    /// the options allow it, nothing above relies on its partitioning, and
-    /// the join runs on one device: one build side would keep every
-    /// partition on the first of several, where in `Partitioned` mode each
-    /// partition takes its own build side to a device of its own.
+    /// A sort-merge join's twin in `CollectLeft` mode without its hash
+    /// repartitions, where the options allow it, nothing above relies on
+    /// its partitioning, and the join runs on one device: one build side
+    /// would keep every partition on the first of several, where in
+    /// `Partitioned` mode each partition takes its own build side to a
+    /// device of its own.
     fn one_build_side(&self, join: &HashJoinExec, relied: Relied, devices: &Devices) -> Result<Option<HashJoinExec>> {
         let allowed = self.shape == Shape::Best && self.options.collect_build_side && devices.len() == 1;
         match allowed && !relied.partitioning {

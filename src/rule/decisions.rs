@@ -81,19 +81,40 @@ impl fmt::Display for JoinDecision {
 /// the rule replaced, and for the others, why they stay on DataFusion.
 pub fn plan_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Vec<JoinDecision>> {
     let options = GpuJoinConfig::from_config(config);
-    let mut context = RuleContext::new(&options, Shape::Best);
-    let mut decisions = vec![];
-    walk::rewrite(Arc::clone(plan), &|_| false, &mut |node, relied| {
+    let mut lister = DecisionLister { context: RuleContext::new(&options, Shape::Best), decisions: vec![] };
+    walk::rewrite(Arc::clone(plan), &|_| false, &mut lister)?;
+    let decisions = lister.decisions;
+    Ok(decisions)
+}
+
+/// Lists where each join of a planned physical plan runs, changing nothing.
+struct DecisionLister<'a> {
+    context: RuleContext<'a>,
+    decisions: Vec<JoinDecision>,
+}
+
+impl walk::Visitor for DecisionLister<'_> {
+    /// A join the rule reshaped is a `GpuJoinExec` by now, whose inputs
+    /// need no partitioning of their own: the walk sees that without a guess.
+    fn frees_inputs(&mut self, _: &Arc<dyn ExecutionPlan>, _: walk::Relied) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn visit(
+        &mut self,
+        node: &Arc<dyn ExecutionPlan>,
+        relied: walk::Relied,
+        _: bool,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(join) = node.downcast_ref::<GpuJoinExec>() {
-            decisions.push(JoinDecision::for_gpu_join(join));
+            self.decisions.push(JoinDecision::for_gpu_join(join));
             return Ok(None);
         }
-        match context.assess(node, relied)? {
-            Some(Assessment::Keep(reason)) => decisions.push(JoinDecision::for_cpu_join(node, reason)),
-            Some(Assessment::Replace(_)) => decisions.push(JoinDecision::for_cpu_join(node, NotOnGpu::RuleNotRun)),
+        match self.context.assess(node, relied, false)? {
+            Some(Assessment::Keep(reason)) => self.decisions.push(JoinDecision::for_cpu_join(node, reason)),
+            Some(Assessment::Replace(_)) => self.decisions.push(JoinDecision::for_cpu_join(node, NotOnGpu::RuleNotRun)),
             None => {}
         }
         Ok(None)
-    })?;
-    Ok(decisions)
+    }
 }

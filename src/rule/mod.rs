@@ -52,23 +52,9 @@ fn replace_joins(
     shape: Shape,
     leave: &walk::Leave<'_>,
 ) -> Result<(Arc<dyn ExecutionPlan>, Vec<JoinDecision>)> {
-    let mut context = RuleContext::new(options, shape);
-    let mut decisions = vec![];
-    let plan = walk::rewrite(plan, leave, &mut |node, relied| {
-        let Some(assessment) = context.assess(node, relied)? else {
-            return Ok(None);
-        };
-        Ok(match assessment {
-            Assessment::Replace(gpu_join) => {
-                decisions.push(JoinDecision::for_gpu_join(&gpu_join));
-                Some(gpu_join as Arc<dyn ExecutionPlan>)
-            }
-            Assessment::Keep(reason) => {
-                decisions.push(JoinDecision::for_cpu_join(node, reason));
-                None
-            }
-        })
-    })?;
+    let mut replacer = JoinReplacer { context: RuleContext::new(options, shape), decisions: vec![] };
+    let plan = walk::rewrite(plan, leave, &mut replacer)?;
+    let decisions = replacer.decisions;
     for decision in &decisions {
         match (options.explain, &decision.placement) {
             (ExplainChoice::All, _) | (ExplainChoice::NotOnGpu, Placement::NotOnGpu(_)) => {
@@ -78,6 +64,40 @@ fn replace_joins(
         }
     }
     Ok((plan, decisions))
+}
+
+/// The rule's visitor: each join assessed, replaced where the GPU can run
+/// it, and where it runs noted.
+struct JoinReplacer<'a> {
+    context: RuleContext<'a>,
+    decisions: Vec<JoinDecision>,
+}
+
+impl walk::Visitor for JoinReplacer<'_> {
+    fn frees_inputs(&mut self, node: &Arc<dyn ExecutionPlan>, relied: walk::Relied) -> Result<bool> {
+        self.context.collects_build_side(node, relied)
+    }
+
+    fn visit(
+        &mut self,
+        node: &Arc<dyn ExecutionPlan>,
+        relied: walk::Relied,
+        frees_inputs: bool,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(assessment) = self.context.assess(node, relied, frees_inputs)? else {
+            return Ok(None);
+        };
+        Ok(match assessment {
+            Assessment::Replace(gpu_join) => {
+                self.decisions.push(JoinDecision::for_gpu_join(&gpu_join));
+                Some(gpu_join as Arc<dyn ExecutionPlan>)
+            }
+            Assessment::Keep(reason) => {
+                self.decisions.push(JoinDecision::for_cpu_join(node, reason));
+                None
+            }
+        })
+    }
 }
 
 /// Replaces `HashJoinExec` and `SortMergeJoinExec` with `GpuJoinExec` where
