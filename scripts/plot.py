@@ -9,6 +9,7 @@ PLOT is one of:
     tpch      docs/data/tpch-sf10-h200.csv    -> docs/tpch-sf10-h200.png
     tpcds     docs/data/tpcds-sf10-h100.csv   -> docs/tpcds-sf10-h100.png
     engines   docs/data/tpch-parquet-sf100-h200.csv -> docs/tpch-sf100-h200.png
+    tpch100   docs/data/tpch-parquet-sf100-h100.csv -> docs/tpch-sf100-h100.png
     tpcds100  docs/data/tpcds-parquet-sf100-h200.csv -> docs/tpcds-sf100-h200.png
     all       every plot above, from its default files
 
@@ -34,6 +35,7 @@ DEFAULTS = {
     "tpch": ("data/tpch-sf10-h200.csv", "tpch-sf10-h200.png"),
     "tpcds": ("data/tpcds-sf10-h100.csv", "tpcds-sf10-h100.png"),
     "engines": ("data/tpch-parquet-sf100-h200.csv", "tpch-sf100-h200.png"),
+    "tpch100": ("data/tpch-parquet-sf100-h100.csv", "tpch-sf100-h100.png"),
     "tpcds100": ("data/tpcds-parquet-sf100-h200.csv", "tpcds-sf100-h200.png"),
 }
 
@@ -181,29 +183,54 @@ def tpcds100(rows, target):
     tpcds(rows, target, "TPC-DS SF 100 from Parquet, a session's defaults, one run without a warm-up")
 
 
-def engines(rows, target):
-    """Seconds per query of the three engines the `tpch` job's `--duckdb`
-    runs side by side, from its `--csv` file."""
-    columns = [("gpu_session_ms", "GPU session", "tab:blue"), ("datafusion_ms", "DataFusion", "tab:gray"),
-               ("duckdb_ms", "DuckDB", "tab:orange")]
+def seconds_per_query(rows, target, columns, workload):
+    """Seconds per query, one bar per `columns` entry (CSV column, name,
+    colour); an empty cell is a query that engine did not run, left out of
+    its total."""
     figure, axis = plt.subplots(figsize=(14, 5))
-    width = 0.27
+    width = 0.8 / len(columns)
     for k, (column, name, colour) in enumerate(columns):
         seconds = [float(row[column]) / 1000 if row[column] else 0.0 for row in rows]
-        total = sum(seconds)
-        axis.bar([i + (k - 1) * width for i in range(len(rows))], seconds, width, color=colour,
-                 label=f"{name}: {total:.1f} s in all")
+        ran = sum(1 for row in rows if row[column])
+        total = f"{sum(seconds):.1f} s in all" if ran == len(rows) else f"{sum(seconds):.1f} s over its {ran} queries"
+        offset = (k - (len(columns) - 1) / 2) * width
+        axis.bar([i + offset for i in range(len(rows))], seconds, width, color=colour, label=f"{name}: {total}")
     axis.set_xticks(range(len(rows)), [row["query"] for row in rows], fontsize=9)
     axis.set_xlim(-0.6, len(rows) - 0.4)
     axis.set_ylabel("seconds")
-    axis.set_title(f"TPC-H SF 100 from Parquet, a session's defaults, {one(rows, 'machine')}, code {one(rows, 'code')}",
-                   fontsize=10)
+    axis.set_title(f"{workload}, {one(rows, 'machine')}, code {one(rows, 'code')}", fontsize=10)
     axis.legend(fontsize=9, loc="upper left")
     figure.tight_layout()
     figure.savefig(target, dpi=110)
 
 
-PLOTS = {"kernels": kernels, "operator": operator, "tpch": tpch, "tpcds": tpcds, "engines": engines, "tpcds100": tpcds100}
+def engines(rows, target):
+    """The three engines the `tpch` job's `--duckdb` runs side by side,
+    from its `--csv` file."""
+    columns = [("gpu_session_ms", "GPU session", "tab:blue"), ("datafusion_ms", "DataFusion", "tab:gray"),
+               ("duckdb_ms", "DuckDB", "tab:orange")]
+    seconds_per_query(rows, target, columns, "TPC-H SF 100 from Parquet, a session's defaults")
+
+
+def tpch100(rows, target):
+    """The GPU session against DataFusion, beside the GPU session of the
+    code before joins over joins collected their build sides, for the
+    queries whose plans that changed."""
+    columns = [("gpu_session_ms", "GPU session", "tab:blue"),
+               ("gpu_session_at_ba7c01d_ms", "GPU session at ba7c01d (plans that changed)", "tab:cyan"),
+               ("datafusion_ms", "DataFusion", "tab:gray")]
+    seconds_per_query(rows, target, columns, "TPC-H SF 100 from Parquet, a session's defaults")
+
+
+PLOTS = {
+    "kernels": kernels,
+    "operator": operator,
+    "tpch": tpch,
+    "tpcds": tpcds,
+    "engines": engines,
+    "tpch100": tpch100,
+    "tpcds100": tpcds100,
+}
 
 
 def main(arguments):
