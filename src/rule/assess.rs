@@ -87,11 +87,12 @@ impl<'a> RuleContext<'a> {
     /// with one build side, asked before its inputs are rewritten: a
     /// `Partitioned` join over a hash repartition that the options allow to
     /// collect its build side, on one device, that nothing above relies on
-    /// for its partitioning, and that the plan calls large. Its inputs then need no partitioning
-    /// of their own, so a join below it that DataFusion partitioned by the
-    /// same keys, for it, collects its build side too: in TPC-H Q21 the anti
-    /// join, the semi join below it and the join with `orders` below that,
-    /// all on the order key, none of whose inputs is then repartitioned.
+    /// for its partitioning, and that the plan calls large. Its inputs then
+    /// need no partitioning of their own, so a join below it that DataFusion
+    /// partitioned by the same keys, for it, collects its build side too: in
+    /// TPC-H Q21 the anti join, the semi join below it and the join with
+    /// `orders` below that, all on the order key, none of whose inputs is
+    /// then repartitioned.
     pub fn collects_build_side(&mut self, node: &Arc<dyn ExecutionPlan>, relied: Relied) -> Result<bool> {
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(false);

@@ -83,8 +83,7 @@ pub fn plan_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> 
     let options = GpuJoinConfig::from_config(config);
     let mut lister = DecisionLister { context: RuleContext::new(&options, Shape::Best), decisions: vec![] };
     walk::rewrite(Arc::clone(plan), &|_| false, &mut lister)?;
-    let decisions = lister.decisions;
-    Ok(decisions)
+    Ok(lister.decisions)
 }
 
 /// Lists where each join of a planned physical plan runs, changing nothing.

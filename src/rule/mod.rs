@@ -54,8 +54,7 @@ fn replace_joins(
 ) -> Result<(Arc<dyn ExecutionPlan>, Vec<JoinDecision>)> {
     let mut replacer = JoinReplacer { context: RuleContext::new(options, shape), decisions: vec![] };
     let plan = walk::rewrite(plan, leave, &mut replacer)?;
-    let decisions = replacer.decisions;
-    for decision in &decisions {
+    for decision in &replacer.decisions {
         match (options.explain, &decision.placement) {
             (ExplainChoice::All, _) | (ExplainChoice::NotOnGpu, Placement::NotOnGpu(_)) => {
                 log::info!("gpu_join: {decision}")
@@ -63,7 +62,7 @@ fn replace_joins(
             _ => {}
         }
     }
-    Ok((plan, decisions))
+    Ok((plan, replacer.decisions))
 }
 
 /// The rule's visitor: each join assessed, replaced where the GPU can run
