@@ -97,13 +97,33 @@ impl<'a> RuleContext<'a> {
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(false);
         };
-        let allowed = self.shape == Shape::Best && self.options.collect_build_side && !relied.partitioning;
-        if !allowed || !may_collect_build_side(join) || (join.null_aware && join.on().len() != 1) {
+        if !may_collect_build_side(join) || (join.null_aware && join.on().len() != 1) {
             return Ok(false);
         }
-        let on_one_device =
-            matches!(self.common_checks(join.left(), join.right(), join.on())?, Ok(devices) if devices.len() == 1);
-        Ok(on_one_device && self.planned_size(join.left(), join.right()) == PlannedSize::Large)
+        let Ok(devices) = self.common_checks(join.left(), join.right(), join.on())? else {
+            return Ok(false);
+        };
+        let size = self.planned_size(join.left(), join.right());
+        Ok(self.may_collect(relied, &devices, &size))
+    }
+
+    /// Whether a join may collect one build side: the options allow it,
+    /// nothing above relies on its partitioning, it runs on one device (one
+    /// build side would keep every partition on the first of several, where
+    /// in `Partitioned` mode each partition takes its own build side to a
+    /// device of its own), and it is large by the plan. One that may well be
+    /// small keeps DataFusion's shape: where its build side goes to
+    /// DataFusion's operator, that operator then runs as DataFusion planned
+    /// it, a `Partitioned` join in parallel (collected into one build side,
+    /// a left join's unmatched rows all leave from one partition, and the
+    /// aggregation above runs on one core: TPC-DS Q75 at scale factor 10
+    /// took 2.4 times DataFusion's time so on the H100).
+    fn may_collect(&self, relied: Relied, devices: &Devices, size: &PlannedSize) -> bool {
+        self.shape == Shape::Best
+            && self.options.collect_build_side
+            && !relied.partitioning
+            && devices.len() == 1
+            && *size == PlannedSize::Large
     }
 
     fn assess_hash_join(&mut self, join: &HashJoinExec, collects: bool) -> Result<Assessment> {
@@ -124,27 +144,28 @@ impl<'a> RuleContext<'a> {
                     join.join_type()
                 );
             };
-            return self.replace(join, Some(reshaped), ReplacedOperator::HashJoin, devices, PlannedSize::Large);
+            return self.replace(join, Some(reshaped), ReplacedOperator::HashJoin, devices);
         }
         if let Some(reason) = self.below_min_build_rows(join.left()) {
             return Ok(Assessment::Keep(reason));
         }
-        let size = match self.planned_size(join.left(), join.right()) {
-            PlannedSize::Small(reason) => return Ok(Assessment::Keep(reason)),
-            size => size,
-        };
-        self.replace(join, None, ReplacedOperator::HashJoin, devices, size)
+        if let PlannedSize::Small(reason) = self.planned_size(join.left(), join.right()) {
+            return Ok(Assessment::Keep(reason));
+        }
+        self.replace(join, None, ReplacedOperator::HashJoin, devices)
     }
 
     /// A sort-merge join's twin in `CollectLeft` mode without its hash
-    /// repartitions, where the options allow it, nothing above relies on
-    /// its partitioning, and the join runs on one device: one build side
-    /// would keep every partition on the first of several, where in
-    /// `Partitioned` mode each partition takes its own build side to a
-    /// device of its own.
-    fn one_build_side(&self, join: &HashJoinExec, relied: Relied, devices: &Devices) -> Result<Option<HashJoinExec>> {
-        let allowed = self.shape == Shape::Best && self.options.collect_build_side && devices.len() == 1;
-        match allowed && !relied.partitioning {
+    /// repartitions, where it may collect one build side
+    /// ([`Self::may_collect`]).
+    fn one_build_side(
+        &self,
+        join: &HashJoinExec,
+        relied: Relied,
+        devices: &Devices,
+        size: &PlannedSize,
+    ) -> Result<Option<HashJoinExec>> {
+        match self.may_collect(relied, devices, size) {
             true => with_one_build_side(join),
             false => Ok(None),
         }
@@ -162,23 +183,14 @@ impl<'a> RuleContext<'a> {
         (rows < min_build_rows).then_some(NotOnGpu::BelowMinBuildRows { rows, min_build_rows })
     }
 
-    /// The GPU join for `join`, as `reshaped` (one build side) where the
-    /// join is large by the plan. One that may well be small keeps
-    /// DataFusion's shape: where its build side goes to DataFusion's
-    /// operator, that operator then runs as DataFusion planned it, a
-    /// `Partitioned` join in parallel (collected into one build side, a
-    /// left join's unmatched rows all leave from one partition, and the
-    /// aggregation above runs on one core: TPC-DS Q75 at scale factor 10
-    /// took 2.4 times DataFusion's time so on the H100).
+    /// The GPU join for `join`, as `reshaped` (one build side) where given.
     fn replace(
         &self,
         join: &HashJoinExec,
         reshaped: Option<HashJoinExec>,
         replaces: ReplacedOperator,
         devices: Devices,
-        size: PlannedSize,
     ) -> Result<Assessment> {
-        let reshaped = reshaped.filter(|_| size == PlannedSize::Large);
         let gpu_join =
             |join| GpuJoinExec::try_new_ordered(join, devices, self.options, replaces, None, &self.statistics);
         let exec = match reshaped {
@@ -230,8 +242,8 @@ impl<'a> RuleContext<'a> {
             false,
         )?;
         if !ordered {
-            let reshaped = self.one_build_side(&twin, relied, &devices)?;
-            return self.replace(&twin, reshaped, ReplacedOperator::SortMergeJoin, devices, size);
+            let reshaped = self.one_build_side(&twin, relied, &devices, &size)?;
+            return self.replace(&twin, reshaped, ReplacedOperator::SortMergeJoin, devices);
         }
         let twin = match swapped {
             true => swapped_sides(&twin)?,
