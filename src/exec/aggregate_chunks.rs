@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use datafusion::common::exec_datafusion_err;
@@ -125,10 +126,18 @@ enum Phase {
     Emitting(VecDeque<RecordBatch>),
     /// The backend's last groups, then DataFusion's aggregation of the
     /// chunk read and the rest of the input.
-    Handing(VecDeque<RecordBatch>, SendableRecordBatchStream),
+    Handing(VecDeque<RecordBatch>, OnDataFusion),
     Ending(VecDeque<RecordBatch>),
-    OnDataFusion(SendableRecordBatchStream),
+    OnDataFusion(OnDataFusion),
     Done,
+}
+
+/// DataFusion's aggregation of the rest of a partition, and the plan that
+/// runs it, whose compute time the partition counts as its own once it ends
+/// (EXPLAIN ANALYZE would otherwise show the rows but not the time).
+struct OnDataFusion {
+    groups: SendableRecordBatchStream,
+    plan: Arc<dyn ExecutionPlan>,
 }
 
 /// What reading a batch into the chunk says of the chunk.
@@ -284,11 +293,19 @@ impl Chunks {
                     self.phase = Phase::Done;
                     return Ok(None);
                 }
-                Phase::OnDataFusion(groups) => {
-                    let next = groups.next().await.transpose()?;
+                Phase::OnDataFusion(rest) => {
+                    let next = rest.groups.next().await.transpose()?;
                     match next {
                         Some(batch) => return Ok(Some(batch.record_output(&self.metrics.baseline))),
-                        None => self.phase = Phase::Done,
+                        None => {
+                            if let Some(nanos) = rest.plan.metrics().and_then(|metrics| metrics.elapsed_compute()) {
+                                self.metrics
+                                    .baseline
+                                    .elapsed_compute()
+                                    .add_duration(Duration::from_nanos(nanos as u64));
+                            }
+                            self.phase = Phase::Done;
+                        }
                     }
                 }
                 Phase::Reading => {
@@ -487,7 +504,7 @@ impl Chunks {
 
     /// DataFusion's aggregation of `unmerged`, the groups so far, the chunk
     /// read and the rest of the input, as it comes.
-    fn rest_on_datafusion(&mut self, mut unmerged: Vec<RecordBatch>) -> Result<SendableRecordBatchStream> {
+    fn rest_on_datafusion(&mut self, mut unmerged: Vec<RecordBatch>) -> Result<OnDataFusion> {
         if let Some((merged, _)) = self.merged.take() {
             unmerged.push(self.job.grouping.as_input(&merged)?);
         }
@@ -520,7 +537,8 @@ impl Chunks {
         let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
         let aggregate = Arc::clone(&self.job.aggregate) as Arc<dyn ExecutionPlan>;
         let plan = aggregate.replace_children(vec![input.plan()?], options)?;
-        plan.execute(0, Arc::clone(&self.context))
+        let groups = plan.execute(0, Arc::clone(&self.context))?;
+        Ok(OnDataFusion { groups, plan })
     }
 
     /// `groups` in batches of the session's size, each over memory of its
