@@ -84,10 +84,12 @@
 //! `--breakdown` adds, for each session's last run of a query, the CPU
 //! time of each kind of operator, summed over its partitions (the scans'
 //! decoding, the joins, the aggregates, …): where a query's time goes
-//! besides its joins. On a cluster it counts every stage on every worker,
-//! as the workers report their tasks' metrics (the scans of files spread
-//! over them are `DistributedLeafExec`, the joins they ran on the GPU
-//! `GpuJoinExec`), beside the coordinator's own part.
+//! besides its joins; and for the GPU joins, the time of each of their
+//! parts (collecting build sides, staging probe chunks, materializing, …).
+//! On a cluster it counts every stage on every worker, as the workers
+//! report their tasks' metrics (the scans of files spread over them are
+//! `DistributedLeafExec`, the joins they ran on the GPU `GpuJoinExec`),
+//! beside the coordinator's own part.
 
 // Both sessions run on mimalloc, the allocator DataFusion's own command-line
 // tool and benchmark runner are built with, so DataFusion is timed as its own
@@ -360,6 +362,7 @@ struct Timing {
     planning: Duration,
     rows: Vec<RecordBatch>,
     operators: Vec<(String, Duration)>,
+    gpu_join_parts: Vec<(String, Duration)>,
 }
 
 /// Each session's timing of `iterations` runs after `warmups` untimed
@@ -389,7 +392,13 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
             let times = runs.iter().map(|run| run.elapsed).collect();
             let plannings = runs.iter().map(|run| run.planning).collect();
             let last = runs.into_iter().last().ok_or_else(|| DataFusionError::Internal("no timed run".into()))?;
-            Ok(Timing { time: median(times), planning: median(plannings), rows: last.rows, operators: last.operators })
+            Ok(Timing {
+                time: median(times),
+                planning: median(plannings),
+                rows: last.rows,
+                operators: last.operators,
+                gpu_join_parts: last.gpu_join_parts,
+            })
         })
         .collect()
 }
@@ -414,6 +423,19 @@ fn by_operator(operators: &[(String, Duration)]) -> String {
         .map(|(name, time)| format!("{name} {:.2} s", time.as_secs_f64()))
         .collect();
     parts.push(format!("in all {:.2} s", total.as_secs_f64()));
+    parts.join(", ")
+}
+
+/// The timed parts of the GPU joins that took at least 10 ms, the largest
+/// first. Some parts hold others (waiting for the device's admission
+/// happens within a build side's preparation or a probe chunk's match),
+/// so they are not added up.
+fn by_part(parts: &[(String, Duration)]) -> String {
+    let parts: Vec<String> = parts
+        .iter()
+        .filter(|(_, time)| time.as_secs_f64() >= 0.01)
+        .map(|(name, time)| format!("{} {:.2} s", name.trim_end_matches("_time"), time.as_secs_f64()))
+        .collect();
     parts.join(", ")
 }
 
@@ -632,12 +654,12 @@ async fn main() -> Result<()> {
                 continue;
             }
         };
-        let Timing { time, planning, rows: batches, operators } =
+        let Timing { time, planning, rows: batches, operators, gpu_join_parts } =
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut figures = QueryFigures { query, gpu: time, rows, same_rows: true, ..Default::default() };
         let mut breakdowns = match args.breakdown {
-            true => vec![("GPU session", operators)],
+            true => vec![("GPU session", operators, gpu_join_parts)],
             false => vec![],
         };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
@@ -649,7 +671,7 @@ async fn main() -> Result<()> {
             figures.variant = Some(other.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("variant", other.operators));
+                breakdowns.push(("variant", other.operators, other.gpu_join_parts));
             }
         }
         if args.compare
@@ -665,7 +687,7 @@ async fn main() -> Result<()> {
             figures.datafusion = Some(cpu.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("DataFusion", cpu.operators));
+                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_join_parts));
             }
         }
         for (&(on_gpu, _), single) in single_node.iter().zip(timings.by_ref()) {
@@ -715,8 +737,11 @@ async fn main() -> Result<()> {
             (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
             line.push_str(&format!("\n      {placed}{}", variant_placements(&variant, &placed, query, &args).await?));
         }
-        for (session, operators) in &breakdowns {
+        for (session, operators, gpu_join_parts) in &breakdowns {
             line.push_str(&format!("\n      {session}, CPU time by operator: {}", by_operator(operators)));
+            if !gpu_join_parts.is_empty() {
+                line.push_str(&format!("\n      {session}, GPU joins' time by part: {}", by_part(gpu_join_parts)));
+            }
         }
         if args.explain {
             for explained in explain_analyze(&gpu, query, &args).await? {

@@ -17,6 +17,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::{MemTable, SchemaProvider};
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
+use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionContext;
 use datafusion_distributed::{DistributedMetricsFormat, rewrite_distributed_plan_with_metrics};
@@ -99,6 +100,10 @@ pub struct Run {
     /// The CPU time each kind of operator of the executed plans spent,
     /// summed over its partitions and its nodes, the largest first.
     pub operators: Vec<(String, Duration)>,
+    /// The CPU time of the GPU joins' parts (`build_collect_time`,
+    /// `materialize_time`, …), summed over their partitions and nodes, the
+    /// largest first: where a `GpuJoinExec`'s entry in `operators` goes.
+    pub gpu_join_parts: Vec<(String, Duration)>,
 }
 
 /// As [`run_statements`], with the time spent planning and in each kind of
@@ -106,8 +111,8 @@ pub struct Run {
 /// worker, as the workers report them once their tasks end; waiting for
 /// those reports is not counted in the run's time.
 pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
-    let (mut rows, mut elapsed, mut planning, mut operators) =
-        (vec![], Duration::ZERO, Duration::ZERO, BTreeMap::new());
+    let (mut rows, mut elapsed, mut planning) = (vec![], Duration::ZERO, Duration::ZERO);
+    let (mut operators, mut gpu_join_parts) = (BTreeMap::new(), BTreeMap::new());
     for statement in statements {
         let start = Instant::now();
         let frame = ctx.sql(statement).await?;
@@ -117,14 +122,24 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
         let batches = collect(Arc::clone(&plan), task).await?;
         elapsed += start.elapsed();
         let plan = rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::Aggregated).await?;
-        add_operator_times(&plan, &mut operators);
+        add_operator_times(&plan, &mut operators, &mut gpu_join_parts);
         if is_query(statement) {
             rows.extend(batches);
         }
     }
-    let mut operators: Vec<_> = operators.into_iter().collect();
-    operators.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(Run { rows, elapsed, planning, operators })
+    Ok(Run {
+        rows,
+        elapsed,
+        planning,
+        operators: largest_first(operators),
+        gpu_join_parts: largest_first(gpu_join_parts),
+    })
+}
+
+fn largest_first(times: BTreeMap<String, Duration>) -> Vec<(String, Duration)> {
+    let mut times: Vec<_> = times.into_iter().collect();
+    times.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    times
 }
 
 /// Adds the CPU time of each node of an executed plan to its operator's
@@ -138,8 +153,13 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
 ///
 /// The stages of a distributed plan are the coordinator's copies, with the
 /// joins it planned; a join whose metrics are a GPU join's (it moved bytes
-/// to a device) ran as one on its worker, and is counted as one.
-fn add_operator_times(plan: &Arc<dyn ExecutionPlan>, operators: &mut BTreeMap<String, Duration>) {
+/// to a device) ran as one on its worker, and is counted as one. A GPU
+/// join's timed parts go to `gpu_join_parts` as well.
+fn add_operator_times(
+    plan: &Arc<dyn ExecutionPlan>,
+    operators: &mut BTreeMap<String, Duration>,
+    gpu_join_parts: &mut BTreeMap<String, Duration>,
+) {
     if let Some(metrics) = plan.metrics() {
         let own_work = |name| metrics.sum_by_name(name).map(|value| value.as_usize());
         let nanos = own_work("time_elapsed_processing")
@@ -147,13 +167,24 @@ fn add_operator_times(plan: &Arc<dyn ExecutionPlan>, operators: &mut BTreeMap<St
             .or_else(|| metrics.elapsed_compute())
             .unwrap_or(0);
         let name = match own_work("bytes_to_device") {
-            Some(_) => "GpuJoinExec",
+            Some(_) => {
+                // Per-device shares (`device0_time`) repeat the totals.
+                for value in metrics.iter().map(|metric| metric.value()) {
+                    if let MetricValue::Time { name, time } = value
+                        && !name.starts_with("device")
+                    {
+                        *gpu_join_parts.entry(name.to_string()).or_default() +=
+                            Duration::from_nanos(time.value() as u64);
+                    }
+                }
+                "GpuJoinExec"
+            }
             None => plan.name(),
         };
         *operators.entry(name.to_string()).or_default() += Duration::from_nanos(nanos as u64);
     }
     for child in plan.children() {
-        add_operator_times(child, operators);
+        add_operator_times(child, operators, gpu_join_parts);
     }
 }
 
