@@ -46,8 +46,8 @@
 # runs only those queries in the SF 10 steps, to spread them over calls.
 # The Parquet steps write their files under PARQUET_DIR (default: a fresh
 # folder of this run), where a later run on the same machine finds them.
-# DuckDB comes from the wheel packed with the TPC-H job (GPU_BUNDLE_DUCKDB_WHEEL
-# in gpu-bundle.sh), installed for this machine's python3.
+# DuckDB comes from the wheel unpacked beside the TPC-H job
+# (GPU_BUNDLE_DUCKDB_WHEEL in gpu-bundle.sh), for this machine's python3.
 # Each step writes LOG_DIR/STEP.log (and the TPC-H steps with --csv
 # LOG_DIR/STEP.csv); LOG_DIR/summary.txt lists exit codes.
 # STEP_TIMEOUT (seconds, default 3600) bounds each step.
@@ -58,13 +58,9 @@ shift
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 work=$(mktemp -d)
-[ -f "$here/bundle.tar.xz" ] && tar -xJf "$here/bundle.tar.xz" -C "$work"
-[ -f "$here/tpch/tpch.tar.xz" ] && tar -xJf "$here/tpch/tpch.tar.xz" -C "$work"
+tar -xJf "$here/bundle.tar.xz" -C "$work"
 cd "$work"
-if ls "$work"/duckdb/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" "$work"/duckdb/*.whl
-    export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+[ -d "$work/site" ] && export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 
 export GPU_JOIN_TEST_BACKEND=cuda
 export DATAFUSION_SQLLOGICTEST_FILES="$work/datafusion-test-files"
