@@ -19,7 +19,8 @@
 #   tpch-10           TPC-H SF 10 in memory against DataFusion, the session's defaults
 #   tpch-parquet-100  TPC-H SF 100 from Parquet against DataFusion and DuckDB, the
 #                     session's defaults, each session's CPU time by operator;
-#                     TPCH100_QUERIES (comma-separated) spreads the queries over calls;
+#                     TPCH100_QUERIES (comma-separated) spreads the queries over calls,
+#                     TPCH100_WARMUPS=0 runs them without a warm-up;
 #                     TPCH100_SET (NAME=VALUE, gpu_join options) sets one for the GPU session,
 #                     TPCH100_VARIANT one for a second GPU session beside it
 #   cluster-10        TPC-H SF 10 from Parquet on clusters of WORKERS (default 2)
@@ -107,6 +108,7 @@ for name in $steps; do
     tpch-parquet-100) step tpch-parquet-100 ./bin/tpch --sf 100 --compare --iterations 1 \
         --min-rows 10000000 --min-build-rows 262144 --parquet "$parquet" --queries "${TPCH100_QUERIES:-$(seq -s, 1 22)}" \
         --duckdb "$work/duckdb-queries.py" --breakdown --csv "$logs/tpch-parquet-100.csv" \
+        ${TPCH100_WARMUPS:+--warmups "$TPCH100_WARMUPS"} \
         ${TPCH100_SET:+--set "$TPCH100_SET"} ${TPCH100_VARIANT:+--variant "$TPCH100_VARIANT"} ;;
     cluster-10) step cluster-10 ./bin/tpch --sf 10 --parquet "$parquet" --workers "${WORKERS:-2}" --compare \
         --iterations 1 --breakdown --csv "$logs/cluster-10.csv" ;;
