@@ -427,9 +427,8 @@ fn by_operator(operators: &[(String, Duration)]) -> String {
 }
 
 /// The timed parts of the GPU joins that took at least 10 ms, the largest
-/// first. Some parts hold others (waiting for the device's admission
-/// happens within a build side's preparation or a probe chunk's match),
-/// so they are not added up.
+/// first. Some parts hold others (a build side's preparation holds its
+/// transform), so they are not added up.
 fn by_part(parts: &[(String, Duration)]) -> String {
     let parts: Vec<String> = parts
         .iter()
