@@ -84,8 +84,9 @@
 //! `--breakdown` adds, for each session's last run of a query, the CPU
 //! time of each kind of operator, summed over its partitions (the scans'
 //! decoding, the joins, the aggregates, …): where a query's time goes
-//! besides its joins; and for the GPU joins, the time of each of their
-//! parts (collecting build sides, staging probe chunks, materializing, …).
+//! besides its joins; and for the GPU joins, the bytes they moved to the
+//! device and back and the time of each of their parts (collecting build
+//! sides, staging probe chunks, materializing, …).
 //! On a cluster it counts every stage on every worker, as the workers
 //! report their tasks' metrics (the scans of files spread over them are
 //! `DistributedLeafExec`, the joins they ran on the GPU `GpuJoinExec`),
@@ -362,7 +363,7 @@ struct Timing {
     planning: Duration,
     rows: Vec<RecordBatch>,
     operators: Vec<(String, Duration)>,
-    gpu_join_parts: Vec<(String, Duration)>,
+    gpu_joins: workloads::GpuJoinWork,
 }
 
 /// Each session's timing of `iterations` runs after `warmups` untimed
@@ -397,7 +398,7 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
                 planning: median(plannings),
                 rows: last.rows,
                 operators: last.operators,
-                gpu_join_parts: last.gpu_join_parts,
+                gpu_joins: last.gpu_joins,
             })
         })
         .collect()
@@ -426,16 +427,22 @@ fn by_operator(operators: &[(String, Duration)]) -> String {
     parts.join(", ")
 }
 
-/// The timed parts of the GPU joins that took at least 10 ms, the largest
-/// first. Some parts hold others (a build side's preparation holds its
-/// transform), so they are not added up.
-fn by_part(parts: &[(String, Duration)]) -> String {
-    let parts: Vec<String> = parts
+/// The bytes the GPU joins moved each way, and their timed parts that took
+/// at least 10 ms, the largest first. Some parts hold others (a build
+/// side's preparation holds its transform), so they are not added up.
+fn gpu_join_work(work: &workloads::GpuJoinWork) -> String {
+    let parts: Vec<String> = work
+        .parts
         .iter()
         .filter(|(_, time)| time.as_secs_f64() >= 0.01)
         .map(|(name, time)| format!("{} {:.2} s", name.trim_end_matches("_time"), time.as_secs_f64()))
         .collect();
-    parts.join(", ")
+    format!(
+        "{:.2} GB to the device, {:.2} GB back; time by part: {}",
+        work.bytes_to_device as f64 / 1e9,
+        work.bytes_from_device as f64 / 1e9,
+        parts.join(", ")
+    )
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -653,12 +660,12 @@ async fn main() -> Result<()> {
                 continue;
             }
         };
-        let Timing { time, planning, rows: batches, operators, gpu_join_parts } =
+        let Timing { time, planning, rows: batches, operators, gpu_joins } =
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut figures = QueryFigures { query, gpu: time, rows, same_rows: true, ..Default::default() };
         let mut breakdowns = match args.breakdown {
-            true => vec![("GPU session", operators, gpu_join_parts)],
+            true => vec![("GPU session", operators, gpu_joins)],
             false => vec![],
         };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
@@ -670,7 +677,7 @@ async fn main() -> Result<()> {
             figures.variant = Some(other.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("variant", other.operators, other.gpu_join_parts));
+                breakdowns.push(("variant", other.operators, other.gpu_joins));
             }
         }
         if args.compare
@@ -686,7 +693,7 @@ async fn main() -> Result<()> {
             figures.datafusion = Some(cpu.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_join_parts));
+                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_joins));
             }
         }
         for (&(on_gpu, _), single) in single_node.iter().zip(timings.by_ref()) {
@@ -736,10 +743,10 @@ async fn main() -> Result<()> {
             (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
             line.push_str(&format!("\n      {placed}{}", variant_placements(&variant, &placed, query, &args).await?));
         }
-        for (session, operators, gpu_join_parts) in &breakdowns {
+        for (session, operators, gpu_joins) in &breakdowns {
             line.push_str(&format!("\n      {session}, CPU time by operator: {}", by_operator(operators)));
-            if !gpu_join_parts.is_empty() {
-                line.push_str(&format!("\n      {session}, GPU joins' time by part: {}", by_part(gpu_join_parts)));
+            if !gpu_joins.parts.is_empty() {
+                line.push_str(&format!("\n      {session}, GPU joins: {}", gpu_join_work(gpu_joins)));
             }
         }
         if args.explain {

@@ -100,10 +100,28 @@ pub struct Run {
     /// The CPU time each kind of operator of the executed plans spent,
     /// summed over its partitions and its nodes, the largest first.
     pub operators: Vec<(String, Duration)>,
-    /// The CPU time of the GPU joins' parts (`build_collect_time`,
-    /// `materialize_time`, …), summed over their partitions and nodes, the
-    /// largest first: where a `GpuJoinExec`'s entry in `operators` goes.
-    pub gpu_join_parts: Vec<(String, Duration)>,
+    /// What the GPU joins of the executed plans did, summed over their
+    /// partitions and nodes.
+    pub gpu_joins: GpuJoinWork,
+}
+
+/// The GPU joins' work in a run: where a `GpuJoinExec`'s entry among the
+/// operators goes, and what it moved over the bus.
+#[derive(Debug, Default)]
+pub struct GpuJoinWork {
+    /// The time of each timed part (`build_collect_time`,
+    /// `materialize_time`, …), the largest first.
+    pub parts: Vec<(String, Duration)>,
+    pub bytes_to_device: usize,
+    pub bytes_from_device: usize,
+}
+
+/// [`GpuJoinWork`] as it is added up over a plan's nodes.
+#[derive(Default)]
+struct GpuJoinTally {
+    parts: BTreeMap<String, Duration>,
+    bytes_to_device: usize,
+    bytes_from_device: usize,
 }
 
 /// As [`run_statements`], with the time spent planning and in each kind of
@@ -112,7 +130,7 @@ pub struct Run {
 /// those reports is not counted in the run's time.
 pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
     let (mut rows, mut elapsed, mut planning) = (vec![], Duration::ZERO, Duration::ZERO);
-    let (mut operators, mut gpu_join_parts) = (BTreeMap::new(), BTreeMap::new());
+    let (mut operators, mut gpu_joins) = (BTreeMap::new(), GpuJoinTally::default());
     for statement in statements {
         let start = Instant::now();
         let frame = ctx.sql(statement).await?;
@@ -122,7 +140,7 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
         let batches = collect(Arc::clone(&plan), task).await?;
         elapsed += start.elapsed();
         let plan = rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::Aggregated).await?;
-        add_operator_times(&plan, &mut operators, &mut gpu_join_parts);
+        add_operator_times(&plan, &mut operators, &mut gpu_joins);
         if is_query(statement) {
             rows.extend(batches);
         }
@@ -132,7 +150,11 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
         elapsed,
         planning,
         operators: largest_first(operators),
-        gpu_join_parts: largest_first(gpu_join_parts),
+        gpu_joins: GpuJoinWork {
+            parts: largest_first(gpu_joins.parts),
+            bytes_to_device: gpu_joins.bytes_to_device,
+            bytes_from_device: gpu_joins.bytes_from_device,
+        },
     })
 }
 
@@ -154,11 +176,11 @@ fn largest_first(times: BTreeMap<String, Duration>) -> Vec<(String, Duration)> {
 /// The stages of a distributed plan are the coordinator's copies, with the
 /// joins it planned; a join whose metrics are a GPU join's (it moved bytes
 /// to a device) ran as one on its worker, and is counted as one. A GPU
-/// join's timed parts go to `gpu_join_parts` as well.
+/// join's timed parts and the bytes it moved go to `gpu_joins` as well.
 fn add_operator_times(
     plan: &Arc<dyn ExecutionPlan>,
     operators: &mut BTreeMap<String, Duration>,
-    gpu_join_parts: &mut BTreeMap<String, Duration>,
+    gpu_joins: &mut GpuJoinTally,
 ) {
     if let Some(metrics) = plan.metrics() {
         let own_work = |name| metrics.sum_by_name(name).map(|value| value.as_usize());
@@ -167,13 +189,15 @@ fn add_operator_times(
             .or_else(|| metrics.elapsed_compute())
             .unwrap_or(0);
         let name = match own_work("bytes_to_device") {
-            Some(_) => {
+            Some(bytes_to_device) => {
+                gpu_joins.bytes_to_device += bytes_to_device;
+                gpu_joins.bytes_from_device += own_work("bytes_from_device").unwrap_or(0);
                 // Per-device shares (`device0_time`) repeat the totals.
                 for value in metrics.iter().map(|metric| metric.value()) {
                     if let MetricValue::Time { name, time } = value
                         && !name.starts_with("device")
                     {
-                        *gpu_join_parts.entry(name.to_string()).or_default() +=
+                        *gpu_joins.parts.entry(name.to_string()).or_default() +=
                             Duration::from_nanos(time.value() as u64);
                     }
                 }
@@ -184,7 +208,7 @@ fn add_operator_times(
         *operators.entry(name.to_string()).or_default() += Duration::from_nanos(nanos as u64);
     }
     for child in plan.children() {
-        add_operator_times(child, operators, gpu_join_parts);
+        add_operator_times(child, operators, gpu_joins);
     }
 }
 
