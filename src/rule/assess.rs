@@ -97,10 +97,10 @@ impl<'a> RuleContext<'a> {
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(false);
         };
-        if !may_collect_build_side(join) || (join.null_aware && join.on().len() != 1) {
+        if !may_collect_build_side(join) {
             return Ok(false);
         }
-        let Ok(devices) = self.common_checks(join.left(), join.right(), join.on())? else {
+        let Ok(devices) = self.hash_join_checks(join)? else {
             return Ok(false);
         };
         let size = self.planned_size(join.left(), join.right());
@@ -127,13 +127,7 @@ impl<'a> RuleContext<'a> {
     }
 
     fn assess_hash_join(&mut self, join: &HashJoinExec, collects: bool) -> Result<Assessment> {
-        if *join.partition_mode() == PartitionMode::Auto {
-            return Ok(Assessment::Keep(NotOnGpu::PartitionModeUndecided));
-        }
-        if join.null_aware && join.on().len() != 1 {
-            return Ok(Assessment::Keep(NotOnGpu::NullAwareMultiKey));
-        }
-        let devices = match self.common_checks(join.left(), join.right(), join.on())? {
+        let devices = match self.hash_join_checks(join)? {
             Ok(devices) => devices,
             Err(reason) => return Ok(Assessment::Keep(reason)),
         };
@@ -153,6 +147,18 @@ impl<'a> RuleContext<'a> {
             return Ok(Assessment::Keep(reason));
         }
         self.replace(join, None, ReplacedOperator::HashJoin, devices)
+    }
+
+    /// The devices a hash join would run on, or why it cannot run on any,
+    /// whatever its size.
+    fn hash_join_checks(&mut self, join: &HashJoinExec) -> Result<std::result::Result<Devices, NotOnGpu>> {
+        if *join.partition_mode() == PartitionMode::Auto {
+            return Ok(Err(NotOnGpu::PartitionModeUndecided));
+        }
+        if join.null_aware && join.on().len() != 1 {
+            return Ok(Err(NotOnGpu::NullAwareMultiKey));
+        }
+        self.common_checks(join.left(), join.right(), join.on())
     }
 
     /// A sort-merge join's twin in `CollectLeft` mode without its hash
