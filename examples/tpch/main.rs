@@ -431,9 +431,10 @@ fn by_operator(operators: &[(String, Duration)]) -> String {
 /// at least 10 ms, the largest first. Some parts hold others (a build
 /// side's preparation holds its transform), so they are not added up.
 fn gpu_join_work(work: &workloads::GpuJoinWork) -> String {
-    let parts: Vec<String> = work
-        .parts
-        .iter()
+    let mut parts: Vec<_> = work.parts.iter().collect();
+    parts.sort_by(|a, b| b.1.cmp(a.1));
+    let parts: Vec<String> = parts
+        .into_iter()
         .filter(|(_, time)| time.as_secs_f64() >= 0.01)
         .map(|(name, time)| format!("{} {:.2} s", name.trim_end_matches("_time"), time.as_secs_f64()))
         .collect();

@@ -110,18 +110,10 @@ pub struct Run {
 #[derive(Debug, Default)]
 pub struct GpuJoinWork {
     /// The time of each timed part (`build_collect_time`,
-    /// `materialize_time`, …), the largest first.
-    pub parts: Vec<(String, Duration)>,
+    /// `materialize_time`, …).
+    pub parts: BTreeMap<String, Duration>,
     pub bytes_to_device: usize,
     pub bytes_from_device: usize,
-}
-
-/// [`GpuJoinWork`] as it is added up over a plan's nodes.
-#[derive(Default)]
-struct GpuJoinTally {
-    parts: BTreeMap<String, Duration>,
-    bytes_to_device: usize,
-    bytes_from_device: usize,
 }
 
 /// As [`run_statements`], with the time spent planning and in each kind of
@@ -130,7 +122,7 @@ struct GpuJoinTally {
 /// those reports is not counted in the run's time.
 pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
     let (mut rows, mut elapsed, mut planning) = (vec![], Duration::ZERO, Duration::ZERO);
-    let (mut operators, mut gpu_joins) = (BTreeMap::new(), GpuJoinTally::default());
+    let (mut operators, mut gpu_joins) = (BTreeMap::new(), GpuJoinWork::default());
     for statement in statements {
         let start = Instant::now();
         let frame = ctx.sql(statement).await?;
@@ -145,23 +137,9 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
             rows.extend(batches);
         }
     }
-    Ok(Run {
-        rows,
-        elapsed,
-        planning,
-        operators: largest_first(operators),
-        gpu_joins: GpuJoinWork {
-            parts: largest_first(gpu_joins.parts),
-            bytes_to_device: gpu_joins.bytes_to_device,
-            bytes_from_device: gpu_joins.bytes_from_device,
-        },
-    })
-}
-
-fn largest_first(times: BTreeMap<String, Duration>) -> Vec<(String, Duration)> {
-    let mut times: Vec<_> = times.into_iter().collect();
-    times.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    times
+    let mut operators: Vec<_> = operators.into_iter().collect();
+    operators.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(Run { rows, elapsed, planning, operators, gpu_joins })
 }
 
 /// Adds the CPU time of each node of an executed plan to its operator's
@@ -180,7 +158,7 @@ fn largest_first(times: BTreeMap<String, Duration>) -> Vec<(String, Duration)> {
 fn add_operator_times(
     plan: &Arc<dyn ExecutionPlan>,
     operators: &mut BTreeMap<String, Duration>,
-    gpu_joins: &mut GpuJoinTally,
+    gpu_joins: &mut GpuJoinWork,
 ) {
     if let Some(metrics) = plan.metrics() {
         let own_work = |name| metrics.sum_by_name(name).map(|value| value.as_usize());
