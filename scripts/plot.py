@@ -8,8 +8,7 @@ PLOT is one of:
     operator  docs/data/operator-h200.csv     -> docs/operator-h200.png
     tpch      docs/data/tpch-sf10-h200.csv    -> docs/tpch-sf10-h200.png
     tpcds     docs/data/tpcds-sf10-h100.csv   -> docs/tpcds-sf10-h100.png
-    engines   docs/data/tpch-parquet-sf100-h200.csv -> docs/tpch-sf100-h200.png
-    tpch100   docs/data/tpch-parquet-sf100-h100.csv -> docs/tpch-sf100-h100.png
+    engines   docs/data/tpch-parquet-sf100-h100.csv -> docs/tpch-sf100-h100.png
     tpcds100  docs/data/tpcds-parquet-sf100-h200.csv -> docs/tpcds-sf100-h200.png
     all       every plot above, from its default files
 
@@ -34,8 +33,7 @@ DEFAULTS = {
     "operator": ("data/operator-h200.csv", "operator-h200.png"),
     "tpch": ("data/tpch-sf10-h200.csv", "tpch-sf10-h200.png"),
     "tpcds": ("data/tpcds-sf10-h100.csv", "tpcds-sf10-h100.png"),
-    "engines": ("data/tpch-parquet-sf100-h200.csv", "tpch-sf100-h200.png"),
-    "tpch100": ("data/tpch-parquet-sf100-h100.csv", "tpch-sf100-h100.png"),
+    "engines": ("data/tpch-parquet-sf100-h100.csv", "tpch-sf100-h100.png"),
     "tpcds100": ("data/tpcds-parquet-sf100-h200.csv", "tpcds-sf100-h200.png"),
 }
 
@@ -212,23 +210,12 @@ def engines(rows, target):
     seconds_per_query(rows, target, columns, "TPC-H SF 100 from Parquet, a session's defaults")
 
 
-def tpch100(rows, target):
-    """The GPU session against DataFusion, beside the GPU session of the
-    code before joins over joins collected their build sides, for the
-    queries whose plans that changed."""
-    columns = [("gpu_session_ms", "GPU session", "tab:blue"),
-               ("gpu_session_at_ba7c01d_ms", "GPU session at ba7c01d (plans that changed)", "tab:cyan"),
-               ("datafusion_ms", "DataFusion", "tab:gray")]
-    seconds_per_query(rows, target, columns, "TPC-H SF 100 from Parquet, a session's defaults")
-
-
 PLOTS = {
     "kernels": kernels,
     "operator": operator,
     "tpch": tpch,
     "tpcds": tpcds,
     "engines": engines,
-    "tpch100": tpch100,
     "tpcds100": tpcds100,
 }
 
