@@ -239,6 +239,36 @@ async fn few_keys_are_listed_whatever_buffers_they_arrive_in() {
     }
 }
 
+/// Where the scans filter rows as they decode them, a build side of more
+/// keys than the hash join lists lets the probe scan hand on only the rows
+/// whose keys are among the build side's, as the hash join's lookup into
+/// its table does: not the thousands of rows between its two key ranges.
+#[tokio::test]
+async fn scans_that_filter_rows_hand_on_only_rows_with_build_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tables(dir.path()).await;
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = contexts(dir.path(), partitioned).await;
+        for ctx in [&gpu, &datafusion] {
+            run(ctx, "SET datafusion.execution.parquet.pushdown_filters = true").await;
+        }
+        for sql in [
+            "SELECT count(*), sum(s.v), sum(r.w) FROM s JOIN r ON s.k = r.k",
+            "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.k % 3 = 0",
+            "SELECT r.k, r.w FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.k = r.k)",
+        ] {
+            let what = format!("{sql}, partitioned: {partitioned}");
+            let (expected, datafusion_scanned, _) = rows_and_probe_scan(&datafusion, sql).await;
+            let (rows, scanned, plan) = rows_and_probe_scan(&gpu, sql).await;
+            assert_eq!(rows, expected, "{what}");
+            assert!(!gpu_joins(&plan).is_empty(), "{what}");
+            // r holds 1,101 keys; the span between them covers 55,101 rows.
+            assert!(scanned <= 1101, "{what}: the scan handed on {scanned} rows");
+            assert!(scanned <= datafusion_scanned, "{what}: {scanned} against {datafusion_scanned}");
+        }
+    }
+}
+
 /// A plan DataFusion made, its joins swapped one for one (as a worker of a
 /// distributed plan swaps them): the plan keeps its schema and partitions,
 /// and each GPU join feeds the filter its hash join planted, so that the

@@ -484,7 +484,7 @@ impl<B: JoinBackend> DeviceJoin<B> {
         }
         let Collected { batches, keys, ranges } = collected;
         if let Some(report) = report {
-            let options = &inputs.context.session_config().options().optimizer;
+            let options = inputs.context.session_config().options();
             report.send(ranges.as_ref(), &batches, &self.definition.build_keys, options);
         }
         let rows = batches.iter().map(RecordBatch::num_rows).sum();

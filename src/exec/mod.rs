@@ -21,6 +21,7 @@ mod handoff;
 mod in_key_order;
 mod inputs;
 mod key_order;
+mod key_set;
 mod metrics;
 mod out_of_memory;
 mod output;

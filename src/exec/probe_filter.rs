@@ -10,6 +10,12 @@
 //! and few rows also pushes its keys themselves, as the hash join does
 //! (`key IN (…)`, within `datafusion.optimizer.hash_join_inlist_pushdown_*`),
 //! which a scan can check against row group statistics and bloom filters.
+//! Where the scans filter rows as they decode them
+//! (`datafusion.execution.parquet.pushdown_filters`), the hash join adds a
+//! lookup into its hash table; the GPU join adds the set of each key
+//! column's build values instead ([`KeySetExpr`], integer and date keys, at
+//! most [`KEY_SET_MAX_KEYS`] build rows), so that such a scan skips the
+//! rows no build row can match, as under DataFusion's plan.
 //!
 //! With several build sides (`Partitioned` mode) the filter is the span of
 //! them all, complete once each has reported; until then a partition does
@@ -33,7 +39,7 @@ use arrow::compute::concat;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{NullEquality, Result};
-use datafusion::config::OptimizerOptions;
+use datafusion::config::{ConfigOptions, OptimizerOptions};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, DynamicFilterPhysicalExpr, InListExpr, IsNullExpr, lit};
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
@@ -41,6 +47,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 use tokio::sync::watch;
 
+use super::key_set::KeySetExpr;
 use super::twin::{build_sides, probe_keys};
 use crate::algorithms::evaluate_keys;
 use crate::keys::{KeyRanges, SpanBounds};
@@ -64,8 +71,8 @@ pub(crate) struct ProbeFilter {
     /// the joins below ([`MEMBERSHIP_MAX_KEYS`]), which then stop waiting.
     unlisted: watch::Sender<bool>,
     /// The build sides' keys, one array per key column, once all have
-    /// reported, where a join below applies them and they are at most
-    /// [`MEMBERSHIP_MAX_KEYS`] rows in all.
+    /// reported, where they were kept (see `Reports::keys`); a join below
+    /// checks them where they are at most [`MEMBERSHIP_MAX_KEYS`] rows.
     members: OnceLock<Option<Vec<ArrayRef>>>,
 }
 
@@ -75,6 +82,13 @@ pub(crate) struct ProbeFilter {
 /// the set of them costs little to hold and to build (8 MiB of 8-byte
 /// keys).
 pub(crate) const MEMBERSHIP_MAX_KEYS: usize = 1 << 20;
+
+/// The most build rows whose key values a scan that filters rows as it
+/// decodes them checks its rows against: enough for the filtered
+/// dimensions of a star join at scale factor 100 (TPC-H Q9's 1.1 million
+/// green parts), few enough that the sets cost little beside the build
+/// side itself (32 MiB of hashed 8-byte values at most).
+pub(crate) const KEY_SET_MAX_KEYS: usize = 1 << 22;
 
 /// The filters GPU joins of running plans feed, by expression id, with
 /// what their build sides reported: where a join below finds the filters
@@ -90,11 +104,15 @@ struct Reports {
     ranges: Option<KeyRanges>,
     /// The keys of the build sides reported so far, each side's one array
     /// per key column; `None` once they are more than
-    /// [`MEMBERSHIP_MAX_KEYS`] rows or one had none listed.
+    /// [`MEMBERSHIP_MAX_KEYS`] rows ([`KEY_SET_MAX_KEYS`] where the scans
+    /// filter rows) or one had none listed.
     keys: Option<Vec<Vec<ArrayRef>>>,
     /// Every build side so far had few enough rows for the hash join to
     /// list its keys in the filter.
     listable: bool,
+    /// The scans filter rows as they decode them: where the keys are not
+    /// listed, the filter holds the sets of their values.
+    key_sets: bool,
     /// A build side was lost before its spans were known: the filter stays
     /// as it is.
     lost: bool,
@@ -114,6 +132,7 @@ impl ProbeFilter {
             ranges: None,
             keys: Some(vec![]),
             listable: true,
+            key_sets: false,
             lost: false,
         });
         Ok(Self {
@@ -199,7 +218,7 @@ impl ProbeFilter {
             return None;
         }
         let members = self.members.get()?.as_ref()?;
-        if members.len() != key.len() {
+        if members.len() != key.len() || rows_of(members) > MEMBERSHIP_MAX_KEYS {
             return None;
         }
         let lists = key.iter().zip(members).map(|(key, members)| {
@@ -253,13 +272,15 @@ impl ProbeFilter {
                 return self.filter.mark_complete();
             };
             match report {
-                Some(BuildReport { ranges, keys }) => {
+                Some(BuildReport { ranges, keys, key_sets }) => {
                     reports.ranges = KeyRanges::merge_known(reports.ranges.take(), ranges.cloned());
                     reports.listable &= keys.as_ref().is_some_and(|keys| keys.listable);
+                    reports.key_sets |= key_sets;
+                    let most = if reports.key_sets { KEY_SET_MAX_KEYS } else { MEMBERSHIP_MAX_KEYS };
                     reports.keys = match (reports.keys.take(), keys) {
                         (Some(mut before), Some(keys))
                             if before.iter().chain(&keys.columns).map(|columns| rows_of(columns)).sum::<usize>()
-                                <= MEMBERSHIP_MAX_KEYS =>
+                                <= most =>
                         {
                             before.extend(keys.columns);
                             Some(before)
@@ -270,13 +291,15 @@ impl ProbeFilter {
                 None => reports.lost = true,
             }
             reports.waiting = reports.waiting.saturating_sub(1);
-            (reports.waiting == 0)
-                .then(|| (!reports.lost).then(|| (reports.ranges.clone(), reports.keys.take(), reports.listable)))
+            (reports.waiting == 0).then(|| {
+                (!reports.lost)
+                    .then(|| (reports.ranges.clone(), reports.keys.take(), reports.listable, reports.key_sets))
+            })
         };
         let Some(known) = finished else {
             return;
         };
-        let (ranges, keys, listable) = match known {
+        let (ranges, keys, listable, key_sets) = match known {
             Some(known) => known,
             None => {
                 let _ = self.members.set(None);
@@ -285,9 +308,12 @@ impl ProbeFilter {
         };
         // No piece: no build row, which the spans already rule out.
         let keys = keys.and_then(|pieces| concat_columns(&pieces));
-        let listed = keys.as_ref().filter(|_| listable);
+        let members = keys.as_ref().and_then(|keys| {
+            let listed = listable.then(|| self.key_list(keys)).flatten();
+            listed.or_else(|| key_sets.then(|| self.key_sets(keys)).flatten())
+        });
         // Set before the filter completes: the joins below read it once it has.
-        let predicate = self.predicate(ranges.as_ref(), listed);
+        let predicate = self.predicate(ranges.as_ref(), members);
         let _ = self.members.set(keys);
         if let Some(predicate) = predicate
             && let Err(e) = self.filter.update(predicate)
@@ -297,14 +323,13 @@ impl ProbeFilter {
         self.filter.mark_complete();
     }
 
-    /// The probe rows the build sides, of these spans and with these keys
-    /// where listed, can match: `None` when neither bounds a key. No build
-    /// row at all matches nothing.
-    fn predicate(&self, ranges: Option<&KeyRanges>, keys: Option<&Vec<ArrayRef>>) -> Option<PhysicalExprRef> {
+    /// The probe rows the build sides, of these spans and whose keys are
+    /// `members` where known, can match: `None` when neither bounds a key.
+    /// No build row at all matches nothing.
+    fn predicate(&self, ranges: Option<&KeyRanges>, members: Option<PhysicalExprRef>) -> Option<PhysicalExprRef> {
         let Some(ranges) = ranges else {
             return Some(lit(false));
         };
-        let listed = keys.and_then(|keys| self.key_list(keys));
         let key_types = self.probe_keys.iter().map(|key| key.data_type(&self.probe_schema));
         let key_types = key_types.collect::<Result<Vec<DataType>>>().ok()?;
         let within =
@@ -316,7 +341,7 @@ impl ProbeFilter {
                     binary(Arc::clone(key), Operator::LtEq, lit(hi)),
                 )),
             });
-        let within = within.chain(listed).reduce(and)?;
+        let within = within.chain(members).reduce(and)?;
         Some(match &self.null_keys {
             Some(null_keys) => binary(Arc::clone(null_keys), Operator::Or, within),
             None => within,
@@ -334,14 +359,27 @@ impl ProbeFilter {
             InListExpr::try_new_from_array(Arc::clone(probe_key), Arc::clone(keys), false, &self.probe_schema).ok()?;
         Some(Arc::new(list))
     }
+
+    /// The set of each key column's build values, each probe key checked
+    /// against its column's: every row a build row matches passes. `None`
+    /// where no key column is of a type with a set.
+    fn key_sets(&self, keys: &[ArrayRef]) -> Option<PhysicalExprRef> {
+        let sets = self.probe_keys.iter().zip(keys).filter_map(|(probe_key, values)| {
+            KeySetExpr::try_new(Arc::clone(probe_key), values).map(|set| Arc::new(set) as PhysicalExprRef)
+        });
+        sets.reduce(and)
+    }
 }
 
 /// What a build side tells the filter.
 struct BuildReport<'a> {
     /// Its spans, `None` when it has no row.
     ranges: Option<&'a KeyRanges>,
-    /// Its keys, where they are no more than [`MEMBERSHIP_MAX_KEYS`] rows.
+    /// Its keys, where they are few enough to list or to check
+    /// ([`MEMBERSHIP_MAX_KEYS`], [`KEY_SET_MAX_KEYS`]).
     keys: Option<BuildKeys>,
+    /// The scans filter rows as they decode them.
+    key_sets: bool,
 }
 
 /// A build side's keys, each key column gathered into one array (none
@@ -356,22 +394,26 @@ struct BuildKeys {
 pub(crate) struct SpanReport(Option<Arc<ProbeFilter>>);
 
 impl SpanReport {
-    /// The build side's spans (`None` when it has no row) and, within the
-    /// hash join's limits on listing them (`options`), its keys.
+    /// The build side's spans (`None` when it has no row) and its keys,
+    /// where the hash join would list them (`options`), a join below checks
+    /// them, or the scans filter rows as they decode them.
     pub fn send(
         mut self,
         ranges: Option<&KeyRanges>,
         batches: &[RecordBatch],
         build_keys: &[PhysicalExprRef],
-        options: &OptimizerOptions,
+        options: &ConfigOptions,
     ) {
         if let Some(filter) = self.0.take() {
-            let most = match filter.applied_below.load(Ordering::Relaxed) {
-                true => MEMBERSHIP_MAX_KEYS,
-                false => options.hash_join_inlist_pushdown_max_distinct_values,
-            };
-            let keys = listed_keys(batches, build_keys, most, options);
-            filter.arrive(Some(BuildReport { ranges, keys }));
+            let key_sets = options.execution.parquet.pushdown_filters;
+            let most = [
+                options.optimizer.hash_join_inlist_pushdown_max_distinct_values,
+                if filter.applied_below.load(Ordering::Relaxed) { MEMBERSHIP_MAX_KEYS } else { 0 },
+                if key_sets { KEY_SET_MAX_KEYS } else { 0 },
+            ];
+            let most = most.into_iter().max().unwrap_or_default();
+            let keys = listed_keys(batches, build_keys, most, &options.optimizer);
+            filter.arrive(Some(BuildReport { ranges, keys, key_sets }));
         }
     }
 }
@@ -530,12 +572,32 @@ mod tests {
             Some(&KeyRanges::of_piece(&[build.column(0).clone()])),
             &[build],
             &[Arc::clone(&key)],
-            &OptimizerOptions::default(),
+            &ConfigOptions::default(),
         );
         assert!(source.worth_waiting_for().await, "a join below does not wait for a complete filter of two keys");
         let members = source.members_of(&[Arc::clone(&key)], &keys_schema(&["k"])).expect("the two keys are listed");
         let probe = key_rows(&["k"], vec![vec![1, 3, 5, 7]])?;
         assert_eq!(passing(&members, &probe)?, [Some(false), Some(true), Some(false), Some(true)]);
+        Ok(())
+    }
+
+    /// Build keys too many to list: where the scans filter rows as they
+    /// decode them, the filter checks each probe key against the set of the
+    /// build values; otherwise it holds their span alone.
+    #[tokio::test]
+    async fn keys_too_many_to_list_are_checked_where_scans_filter_rows() -> Result<()> {
+        let build = key_rows(&["k"], vec![(0..1000).step_by(2).collect()])?;
+        let key: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let probe = key_rows(&["k"], vec![vec![1, 2, 998, 1001]])?;
+        for (pushdown, expected) in [(true, [false, true, true, false]), (false, [true, true, true, false])] {
+            let (source, filter) = filter_of_a_join()?;
+            let mut options = ConfigOptions::default();
+            options.execution.parquet.pushdown_filters = pushdown;
+            let ranges = KeyRanges::of_piece(&[build.column(0).clone()]);
+            source.report().send(Some(&ranges), std::slice::from_ref(&build), &[Arc::clone(&key)], &options);
+            let filter: PhysicalExprRef = filter;
+            assert_eq!(passing(&filter, &probe)?, expected.map(Some), "pushdown_filters = {pushdown}");
+        }
         Ok(())
     }
 
@@ -551,7 +613,7 @@ mod tests {
             names.iter().enumerate().map(|(i, name)| Arc::new(Column::new(name, i)) as PhysicalExprRef).collect();
         let build = key_rows(&names, vec![vec![1, 2], vec![10, 20]])?;
         let ranges = KeyRanges::of_piece(&[build.column(0).clone(), build.column(1).clone()]);
-        source.report().send(Some(&ranges), &[build], &keys, &OptimizerOptions::default());
+        source.report().send(Some(&ranges), &[build], &keys, &ConfigOptions::default());
         assert!(source.worth_waiting_for().await, "a join below does not wait for keys of two columns");
         let members = source.members_of(&keys, &keys_schema(&names)).expect("both columns are listed");
         let probe = key_rows(&names, vec![vec![1, 1, 3, 2], vec![10, 20, 10, 30]])?;
