@@ -98,6 +98,12 @@ async fn contexts(dir: &Path, partitioned: bool) -> (SessionContext, SessionCont
     (gpu, datafusion)
 }
 
+async fn set_in_both(gpu: &SessionContext, datafusion: &SessionContext, setting: &str) {
+    for ctx in [gpu, datafusion] {
+        run(ctx, setting).await;
+    }
+}
+
 /// The modes of the plan's GPU joins, as EXPLAIN shows them.
 fn gpu_join_modes(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
     let text = displayable(plan.as_ref()).indent(true).to_string();
@@ -222,21 +228,32 @@ async fn few_keys_are_listed_whatever_buffers_they_arrive_in() {
     let dir = tempfile::tempdir().unwrap();
     write_tables(dir.path()).await;
     let (gpu, datafusion) = contexts(dir.path(), false).await;
-    for ctx in [&gpu, &datafusion] {
-        // Room for three keys, not for a batch's worth of buffer.
-        run(ctx, "SET datafusion.optimizer.hash_join_inlist_pushdown_max_size = 512").await;
-    }
+    // Room for three keys, not for a batch's worth of buffer.
+    set_in_both(&gpu, &datafusion, "SET datafusion.optimizer.hash_join_inlist_pushdown_max_size = 512").await;
     for sql in [
         "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.t = 1",
         "SELECT s.k, s.v FROM s JOIN (SELECT k FROM r WHERE t = 1 GROUP BY k) g ON s.k = g.k",
     ] {
-        let (expected, datafusion_scanned, _) = rows_and_probe_scan(&datafusion, sql).await;
-        let (rows, scanned, plan) = rows_and_probe_scan(&gpu, sql).await;
-        assert_eq!(rows, expected, "{sql}");
-        assert!(!gpu_joins(&plan).is_empty(), "{sql}");
-        assert!(scanned <= 3 * GROUP_ROWS, "{sql}: the scan handed on {scanned} rows");
-        assert!(scanned <= datafusion_scanned, "{sql}: {scanned} against {datafusion_scanned}");
+        probe_scan_hands_on_at_most(&gpu, &datafusion, sql, 3 * GROUP_ROWS, sql).await;
     }
+}
+
+/// Runs `sql` in both sessions: the same rows, a GPU join in the plan, and
+/// a scan of `s` that handed on at most `most` rows, and no more than under
+/// DataFusion's plan; `what` names the case.
+async fn probe_scan_hands_on_at_most(
+    gpu: &SessionContext,
+    datafusion: &SessionContext,
+    sql: &str,
+    most: usize,
+    what: &str,
+) {
+    let (expected, datafusion_scanned, _) = rows_and_probe_scan(datafusion, sql).await;
+    let (rows, scanned, plan) = rows_and_probe_scan(gpu, sql).await;
+    assert_eq!(rows, expected, "{what}");
+    assert!(!gpu_joins(&plan).is_empty(), "{what}");
+    assert!(scanned <= most, "{what}: the scan handed on {scanned} rows");
+    assert!(scanned <= datafusion_scanned, "{what}: {scanned} against {datafusion_scanned}");
 }
 
 /// Where the scans filter rows as they decode them, a build side of more
@@ -249,22 +266,15 @@ async fn scans_that_filter_rows_hand_on_only_rows_with_build_keys() {
     write_tables(dir.path()).await;
     for partitioned in [false, true] {
         let (gpu, datafusion) = contexts(dir.path(), partitioned).await;
-        for ctx in [&gpu, &datafusion] {
-            run(ctx, "SET datafusion.execution.parquet.pushdown_filters = true").await;
-        }
+        set_in_both(&gpu, &datafusion, "SET datafusion.execution.parquet.pushdown_filters = true").await;
         for sql in [
             "SELECT count(*), sum(s.v), sum(r.w) FROM s JOIN r ON s.k = r.k",
             "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.k % 3 = 0",
             "SELECT r.k, r.w FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.k = r.k)",
         ] {
             let what = format!("{sql}, partitioned: {partitioned}");
-            let (expected, datafusion_scanned, _) = rows_and_probe_scan(&datafusion, sql).await;
-            let (rows, scanned, plan) = rows_and_probe_scan(&gpu, sql).await;
-            assert_eq!(rows, expected, "{what}");
-            assert!(!gpu_joins(&plan).is_empty(), "{what}");
             // r holds 1,101 keys; the span between them covers 55,101 rows.
-            assert!(scanned <= 1101, "{what}: the scan handed on {scanned} rows");
-            assert!(scanned <= datafusion_scanned, "{what}: {scanned} against {datafusion_scanned}");
+            probe_scan_hands_on_at_most(&gpu, &datafusion, sql, 1101, &what).await;
         }
     }
 }
