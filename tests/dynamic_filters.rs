@@ -434,6 +434,27 @@ async fn probe_rows_joined_on_datafusion_are_not_checked() {
     }
 }
 
+/// Where scans filter rows as they decode them, the filter of a semi join
+/// of 500 keys, more than the hash join lists, holds the set of their
+/// values, and the join below drops the dimension rows none of them matches
+/// by that set alone; in both partition modes, with DataFusion's rows.
+#[tokio::test]
+async fn a_join_below_drops_rows_by_the_key_set_of_the_filter_above() {
+    let keys = "SELECT value * 37 % 20000 AS k FROM generate_series(1, 500)";
+    for partitioned in [false, true] {
+        let (gpu, datafusion) = facts_dimensions_and_keys(keys, partitioned).await;
+        set_in_both(&gpu, &datafusion, "SET datafusion.execution.parquet.pushdown_filters = true").await;
+        let sql = "SELECT f.v, d.x FROM f JOIN d ON f.k = d.k WHERE d.k IN (SELECT k FROM s)";
+        let expected = sorted_rows(&run(&datafusion, sql).await);
+        let plan = gpu.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let batches = collect(Arc::clone(&plan), gpu.task_ctx()).await.unwrap();
+        assert_eq!(sorted_rows(&batches), expected, "partitioned: {partitioned}");
+        assert_eq!(expected.len(), 2_500, "partitioned: {partitioned}");
+        let filtered = filtered_by_gpu_joins(&plan);
+        assert!(filtered >= 19_500, "only {filtered} rows were filtered (partitioned: {partitioned})");
+    }
+}
+
 /// A hash join's filter from above is checked too, as it stands, without
 /// waiting for it: with the semi join of 50 keys left to DataFusion's hash
 /// join (`min_build_rows` above its 50 build rows), the GPU join `f ⋈ d`

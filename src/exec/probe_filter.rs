@@ -71,7 +71,8 @@ pub(crate) struct ProbeFilter {
     /// the joins below ([`MEMBERSHIP_MAX_KEYS`]), which then stop waiting.
     unlisted: watch::Sender<bool>,
     /// The build sides' keys, one array per key column, once all have
-    /// reported, where they were kept (see `Reports::keys`); a join below
+    /// reported, where they were kept (see `Reports::keys`) and the filter
+    /// does not hold the set of every key column's values; a join below
     /// checks them where they are at most [`MEMBERSHIP_MAX_KEYS`] rows.
     members: OnceLock<Option<Vec<ArrayRef>>>,
 }
@@ -221,9 +222,12 @@ impl ProbeFilter {
         if members.len() != key.len() || rows_of(members) > MEMBERSHIP_MAX_KEYS {
             return None;
         }
-        let lists = key.iter().zip(members).map(|(key, members)| {
-            let list = InListExpr::try_new_from_array(Arc::clone(key), Arc::clone(members), false, schema).ok()?;
-            Some(Arc::new(list) as PhysicalExprRef)
+        let lists = key.iter().zip(members).map(|(key, members)| match KeySetExpr::try_new(Arc::clone(key), members) {
+            Some(set) => Some(Arc::new(set) as PhysicalExprRef),
+            None => {
+                let list = InListExpr::try_new_from_array(Arc::clone(key), Arc::clone(members), false, schema).ok()?;
+                Some(Arc::new(list) as PhysicalExprRef)
+            }
         });
         lists.collect::<Option<Vec<_>>>()?.into_iter().reduce(and)
     }
@@ -308,13 +312,19 @@ impl ProbeFilter {
         };
         // No piece: no build row, which the spans already rule out.
         let keys = keys.and_then(|pieces| concat_columns(&pieces));
-        let members = keys.as_ref().and_then(|keys| {
-            let listed = listable.then(|| self.key_list(keys)).flatten();
-            listed.or_else(|| key_sets.then(|| self.key_sets(keys)).flatten())
-        });
-        // Set before the filter completes: the joins below read it once it has.
+        let (members, every_column_set) = match keys.as_ref() {
+            None => (None, false),
+            Some(keys) => match listable.then(|| self.key_list(keys)).flatten() {
+                Some(list) => (Some(list), false),
+                None if key_sets => self.key_sets(keys),
+                None => (None, false),
+            },
+        };
         let predicate = self.predicate(ranges.as_ref(), members);
-        let _ = self.members.set(keys);
+        // Set before the filter completes: the joins below read it once it
+        // has. Where the filter holds the set of every key column's values,
+        // they check the filter alone rather than the same keys twice.
+        let _ = self.members.set(if every_column_set { None } else { keys });
         if let Some(predicate) = predicate
             && let Err(e) = self.filter.update(predicate)
         {
@@ -362,12 +372,19 @@ impl ProbeFilter {
 
     /// The set of each key column's build values, each probe key checked
     /// against its column's: every row a build row matches passes. `None`
-    /// where no key column is of a type with a set.
-    fn key_sets(&self, keys: &[ArrayRef]) -> Option<PhysicalExprRef> {
-        let sets = self.probe_keys.iter().zip(keys).filter_map(|(probe_key, values)| {
-            KeySetExpr::try_new(Arc::clone(probe_key), values).map(|set| Arc::new(set) as PhysicalExprRef)
-        });
-        sets.reduce(and)
+    /// where no key column is of a type with a set; and whether every one
+    /// is.
+    fn key_sets(&self, keys: &[ArrayRef]) -> (Option<PhysicalExprRef>, bool) {
+        let sets: Vec<PhysicalExprRef> = self
+            .probe_keys
+            .iter()
+            .zip(keys)
+            .filter_map(|(probe_key, values)| {
+                KeySetExpr::try_new(Arc::clone(probe_key), values).map(|set| Arc::new(set) as PhysicalExprRef)
+            })
+            .collect();
+        let every_column = sets.len() == self.probe_keys.len();
+        (sets.into_iter().reduce(and), every_column)
     }
 }
 
