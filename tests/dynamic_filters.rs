@@ -271,6 +271,7 @@ async fn scans_that_filter_rows_hand_on_only_rows_with_build_keys() {
             "SELECT count(*), sum(s.v), sum(r.w) FROM s JOIN r ON s.k = r.k",
             "SELECT s.k, s.v, r.w FROM s JOIN r ON s.k = r.k WHERE r.k % 3 = 0",
             "SELECT r.k, r.w FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.k = r.k)",
+            "SELECT count(*), sum(s.v) FROM s JOIN r ON CAST(s.k AS VARCHAR) = CAST(r.k AS VARCHAR)",
         ] {
             let what = format!("{sql}, partitioned: {partitioned}");
             // r holds 1,101 keys; the span between them covers 55,101 rows.

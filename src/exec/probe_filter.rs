@@ -13,8 +13,9 @@
 //! Where the scans filter rows as they decode them
 //! (`datafusion.execution.parquet.pushdown_filters`), the hash join adds a
 //! lookup into its hash table; the GPU join adds the set of each key
-//! column's build values instead ([`KeySetExpr`], integer and date keys, at
-//! most [`KEY_SET_MAX_KEYS`] build rows), so that such a scan skips the
+//! column's build values instead ([`KeySetExpr`]: integer, date, string
+//! and binary keys, at most [`KEY_SET_MAX_KEYS`] build rows), so that such
+//! a scan skips the
 //! rows no build row can match, as under DataFusion's plan.
 //!
 //! With several build sides (`Partitioned` mode) the filter is the span of
