@@ -15,8 +15,8 @@
 //! lookup into its hash table; the GPU join adds the set of each key
 //! column's build values instead ([`KeySetExpr`]: integer, date, string
 //! and binary keys, at most [`KEY_SET_MAX_KEYS`] build rows), so that such
-//! a scan skips the
-//! rows no build row can match, as under DataFusion's plan.
+//! a scan skips the rows no build row can match, as under DataFusion's
+//! plan.
 //!
 //! With several build sides (`Partitioned` mode) the filter is the span of
 //! them all, complete once each has reported; until then a partition does
@@ -424,12 +424,13 @@ impl SpanReport {
     ) {
         if let Some(filter) = self.0.take() {
             let key_sets = options.execution.parquet.pushdown_filters;
-            let most = [
-                options.optimizer.hash_join_inlist_pushdown_max_distinct_values,
-                if filter.applied_below.load(Ordering::Relaxed) { MEMBERSHIP_MAX_KEYS } else { 0 },
-                if key_sets { KEY_SET_MAX_KEYS } else { 0 },
-            ];
-            let most = most.into_iter().max().unwrap_or_default();
+            let mut most = options.optimizer.hash_join_inlist_pushdown_max_distinct_values;
+            if filter.applied_below.load(Ordering::Relaxed) {
+                most = most.max(MEMBERSHIP_MAX_KEYS);
+            }
+            if key_sets {
+                most = most.max(KEY_SET_MAX_KEYS);
+            }
             let keys = listed_keys(batches, build_keys, most, &options.optimizer);
             filter.arrive(Some(BuildReport { ranges, keys, key_sets }));
         }
