@@ -18,7 +18,7 @@
 #   tpch-parquet-10   TPC-H SF 10 from Parquet against DataFusion, the session's defaults
 #   tpch-10           TPC-H SF 10 in memory against DataFusion, the session's defaults
 #   tpch-parquet-100  TPC-H SF 100 from Parquet against DataFusion and DuckDB, the
-#                     session's defaults, each session's CPU time by operator;
+#                     session's defaults, each session's time by operator;
 #                     TPCH100_QUERIES (comma-separated) spreads the queries over calls,
 #                     TPCH100_WARMUPS=0 runs them without a warm-up;
 #                     TPCH100_SET (NAME=VALUE, gpu_join options) sets one for the GPU session,

@@ -81,12 +81,15 @@
 //! are counted, not compared. `--csv FILE` writes each query's figures to
 //! `FILE` as well.
 //!
-//! `--breakdown` adds, for each session's last run of a query, the CPU
-//! time of each kind of operator, summed over its partitions (the scans'
+//! `--breakdown` adds, for each session's last run of a query, the time
+//! each kind of operator was at work, summed over its partitions (the scans'
 //! decoding, the joins, the aggregates, …): where a query's time goes
 //! besides its joins; and for the GPU joins, the bytes they moved to the
 //! device and back and the time of each of their parts (collecting build
-//! sides, staging probe chunks, materializing, …).
+//! sides, staging probe chunks, materializing, …); and the process's CPU
+//! time over the run, every thread's, with the cores that kept busy on
+//! average: a session that keeps fewer busy than the machine has waited
+//! rather than computed.
 //! On a cluster it counts every stage on every worker, as the workers
 //! report their tasks' metrics (the scans of files spread over them are
 //! `DistributedLeafExec`, the joins they ran on the GPU `GpuJoinExec`),
@@ -153,7 +156,7 @@ struct Args {
     duckdb: Option<PathBuf>,
     /// Where each query's figures are written as CSV.
     csv: Option<PathBuf>,
-    /// Each session's CPU time by operator, per query.
+    /// Each session's time by operator, per query.
     breakdown: bool,
 }
 
@@ -364,6 +367,8 @@ struct Timing {
     rows: Vec<RecordBatch>,
     operators: Vec<(String, Duration)>,
     gpu_joins: workloads::GpuJoinWork,
+    /// The process's CPU time over the last run, and that run's time.
+    busy: Option<(Duration, Duration)>,
 }
 
 /// Each session's timing of `iterations` runs after `warmups` untimed
@@ -396,6 +401,7 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
             Ok(Timing {
                 time: median(times),
                 planning: median(plannings),
+                busy: last.process_cpu.map(|cpu| (cpu, last.elapsed)),
                 rows: last.rows,
                 operators: last.operators,
                 gpu_joins: last.gpu_joins,
@@ -414,7 +420,7 @@ fn same_rows(rows: &[RecordBatch], other: &Timing, differ: String, failures: &mu
     Ok(same)
 }
 
-/// The operators that took at least 1% of a run's CPU time, the largest
+/// The operators that took at least 1% of a run's time at work, the largest
 /// first, and the total.
 fn by_operator(operators: &[(String, Duration)]) -> String {
     let total: Duration = operators.iter().map(|(_, time)| *time).sum();
@@ -425,6 +431,16 @@ fn by_operator(operators: &[(String, Duration)]) -> String {
         .collect();
     parts.push(format!("in all {:.2} s", total.as_secs_f64()));
     parts.join(", ")
+}
+
+/// The process's CPU time over a run, and the cores it kept busy on
+/// average: well under the machine's cores, the session waited (for the
+/// device, for a build side, for its slowest partition) rather than
+/// computed.
+fn cores_busy((cpu, elapsed): (Duration, Duration)) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let busy = cpu.as_secs_f64() / elapsed.as_secs_f64().max(1e-9);
+    format!("{:.2} s of CPU in {:.2} s, {busy:.1} of {cores} cores busy", cpu.as_secs_f64(), elapsed.as_secs_f64())
 }
 
 /// The bytes the GPU joins moved each way, and their timed parts that took
@@ -661,12 +677,12 @@ async fn main() -> Result<()> {
                 continue;
             }
         };
-        let Timing { time, planning, rows: batches, operators, gpu_joins } =
+        let Timing { time, planning, rows: batches, operators, gpu_joins, busy } =
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut figures = QueryFigures { query, gpu: time, rows, same_rows: true, ..Default::default() };
         let mut breakdowns = match args.breakdown {
-            true => vec![("GPU session", operators, gpu_joins)],
+            true => vec![("GPU session", operators, gpu_joins, busy)],
             false => vec![],
         };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
@@ -678,7 +694,7 @@ async fn main() -> Result<()> {
             figures.variant = Some(other.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("variant", other.operators, other.gpu_joins));
+                breakdowns.push(("variant", other.operators, other.gpu_joins, other.busy));
             }
         }
         if args.compare
@@ -694,7 +710,7 @@ async fn main() -> Result<()> {
             figures.datafusion = Some(cpu.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_joins));
+                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_joins, cpu.busy));
             }
         }
         for (&(on_gpu, _), single) in single_node.iter().zip(timings.by_ref()) {
@@ -744,8 +760,11 @@ async fn main() -> Result<()> {
             (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
             line.push_str(&format!("\n      {placed}{}", variant_placements(&variant, &placed, query, &args).await?));
         }
-        for (session, operators, gpu_joins) in &breakdowns {
-            line.push_str(&format!("\n      {session}, CPU time by operator: {}", by_operator(operators)));
+        for (session, operators, gpu_joins, busy) in &breakdowns {
+            line.push_str(&format!("\n      {session}, time by operator: {}", by_operator(operators)));
+            if let Some(busy) = busy {
+                line.push_str(&format!("\n      {session}, the process: {}", cores_busy(*busy)));
+            }
             if !gpu_joins.parts.is_empty() {
                 line.push_str(&format!("\n      {session}, GPU joins: {}", gpu_join_work(gpu_joins)));
             }

@@ -97,8 +97,15 @@ pub struct Run {
     /// The part of the run spent planning (SQL to the physical plan, the
     /// session's optimizer rules included).
     pub planning: Duration,
-    /// The CPU time each kind of operator of the executed plans spent,
-    /// summed over its partitions and its nodes, the largest first.
+    /// The CPU time of the whole process over `elapsed`, every thread's,
+    /// user and system: divided by `elapsed`, the cores it kept busy, which
+    /// tells a session that waits from one that computes. `None` where the
+    /// system does not report it.
+    pub process_cpu: Option<Duration>,
+    /// The time each kind of operator of the executed plans was at work,
+    /// summed over its partitions and its nodes, the largest first: a
+    /// partition's thread waiting for a core counts, so on a busy host the
+    /// entries add up to more than the process's CPU time.
     pub operators: Vec<(String, Duration)>,
     /// What the GPU joins of the executed plans did, summed over their
     /// partitions and nodes.
@@ -123,14 +130,19 @@ pub struct GpuJoinWork {
 pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
     let (mut rows, mut elapsed, mut planning) = (vec![], Duration::ZERO, Duration::ZERO);
     let (mut operators, mut gpu_joins) = (BTreeMap::new(), GpuJoinWork::default());
+    let mut process_cpu = Some(Duration::ZERO);
     for statement in statements {
-        let start = Instant::now();
+        let (start, cpu_start) = (Instant::now(), cpu_time());
         let frame = ctx.sql(statement).await?;
         let task = Arc::new(frame.task_ctx());
         let plan = frame.create_physical_plan().await?;
         planning += start.elapsed();
         let batches = collect(Arc::clone(&plan), task).await?;
         elapsed += start.elapsed();
+        process_cpu = match (process_cpu, cpu_start, cpu_time()) {
+            (Some(sum), Some(before), Some(after)) => Some(sum + after.saturating_sub(before)),
+            _ => None,
+        };
         let plan = rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::Aggregated).await?;
         add_operator_times(&plan, &mut operators, &mut gpu_joins);
         if is_query(statement) {
@@ -139,17 +151,33 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
     }
     let mut operators: Vec<_> = operators.into_iter().collect();
     operators.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(Run { rows, elapsed, planning, operators, gpu_joins })
+    Ok(Run { rows, elapsed, planning, process_cpu, operators, gpu_joins })
 }
 
-/// Adds the CPU time of each node of an executed plan to its operator's
+/// The CPU time this process has used so far, every thread's, user and
+/// system; `None` where the system does not report it.
+fn cpu_time() -> Option<Duration> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: `getrusage` fills the `rusage` it is given when it returns 0,
+    // and only then is it read.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, 1000 * t.tv_usec as u32);
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
+}
+
+/// Adds the time each node of an executed plan was at work to its operator's
 /// entry: the time of its own work, which for a scan of files is the time
 /// its streams spent decoding (`time_elapsed_processing`: its
 /// `elapsed_compute` counts only the polls), for a repartition the time it
 /// spent hashing and splitting batches (`repartition_time`), and for the
 /// other operators their `elapsed_compute`. A node's own time is meant to
-/// leave out its children's, so the entries add up to about the plan's CPU
-/// time.
+/// leave out its children's, so the entries add up to about the plan's time
+/// at work.
 ///
 /// The stages of a distributed plan are the coordinator's copies, with the
 /// joins it planned; a join whose metrics are a GPU join's (it moved bytes
