@@ -87,7 +87,7 @@
 //! besides its joins; and for the GPU joins, the bytes they moved to the
 //! device and back and the time of each of their parts (collecting build
 //! sides, staging probe chunks, materializing, …); and the process's CPU
-//! time over the run, every thread's, with the cores that kept busy on
+//! time over the run, every thread's, with the cores it kept busy on
 //! average: a session that keeps fewer busy than the machine has waited
 //! rather than computed.
 //! On a cluster it counts every stage on every worker, as the workers
