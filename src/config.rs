@@ -443,7 +443,9 @@ extensions_options! {
         /// GPU jobs (loading or joining a probe chunk, preparing a build
         /// side) that run on the device at once, over every partition and
         /// query of the process. Further jobs wait without holding a thread;
-        /// a job retried after running out of memory runs alone.
+        /// a job retried after running out of memory runs alone. A job holds
+        /// its place while it works on the device, not while it takes output
+        /// columns on the host.
         pub concurrent_tasks: usize, default = 16
         /// Which placement decisions the rule logs (at `info`, target
         /// `datafusion_gpu_join`): `none`, `not_on_gpu` (the joins that stay

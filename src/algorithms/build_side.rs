@@ -18,7 +18,7 @@ use super::phases::{PhaseTimers, transform_build};
 use super::semantics::{ProbeSummary, build_side_rows};
 use super::side::{ColumnPlacement, PlacedColumns, SideView, filter_columns, has_host_columns, upload_columns};
 use super::staged_keys::{CollectedKeys, KeyedVector, StagedKeys, upload_keys};
-use crate::backend::{JoinBackend, Space, Transformed};
+use crate::backend::{Admitted, JoinBackend, Space, Transformed};
 use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, RawSpan};
 
 /// The transformed build relation, in the key width the encoding chose.
@@ -292,13 +292,15 @@ pub fn prepare_build_side<B: JoinBackend>(
 }
 
 /// The build-side rows a join emits once every probe partition has finished:
-/// unmatched rows of Left and Full joins, LeftSemi, LeftAnti and LeftMark.
+/// unmatched rows of Left and Full joins, LeftSemi, LeftAnti and LeftMark;
+/// `admission` let go once the device's part is done.
 pub fn finish_build_side<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
     build: &BuildSide<B>,
     timers: &PhaseTimers,
     limits: OutputLimits,
+    mut admission: Admitted,
 ) -> Result<Vec<RecordBatch>> {
     let Some(visited) = &build.visited else {
         return Ok(vec![]);
@@ -307,7 +309,7 @@ pub fn finish_build_side<B: JoinBackend>(
     let view = build.view();
     let rows = build_side_rows(backend, definition, &view, visited, build.rows(), build.plan.null_aware.summary())?;
     match rows {
-        Some(rows) => output_batches(backend, definition, &rows, &view, None, limits.array_values),
+        Some(rows) => output_batches(backend, definition, &rows, &view, None, limits.array_values, &mut admission),
         None => Ok(vec![]),
     }
 }

@@ -15,7 +15,7 @@ use super::host_rows::{HostRows, TakenRows};
 use super::semantics::{OutputRows, SideRows};
 use super::side::{ColumnPlacement, SideView};
 use crate::arrays::{concat_arrays, owned_if_shared, owned_rows};
-use crate::backend::{JoinBackend, positions_to_indices};
+use crate::backend::{Admitted, JoinBackend, positions_to_indices};
 
 /// How output batches are cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,10 +29,12 @@ pub struct OutputLimits {
 }
 
 /// Builds the output batches: device-held columns are gathered on the
-/// backend and downloaded; the rest are taken on the host from original
-/// rows. Rows are cut into batches only where a column taken on the host
-/// would hold more than `array_values` values behind its 32-bit offsets
-/// in one array (strings of more than 2 GiB, say): one batch otherwise.
+/// backend and downloaded, and the rows of the columns taken on the host
+/// found; then `admission` is let go, the job's device work being over, and
+/// the columns on the host are taken from original rows. Rows are cut into
+/// batches only where a column taken on the host would hold more than
+/// `array_values` values behind its 32-bit offsets in one array (strings of
+/// more than 2 GiB, say): one batch otherwise.
 pub(crate) fn output_batches<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
@@ -40,6 +42,7 @@ pub(crate) fn output_batches<B: JoinBackend>(
     build: &SideView<'_, B>,
     probe: Option<&SideView<'_, B>>,
     array_values: usize,
+    admission: &mut Admitted,
 ) -> Result<Vec<RecordBatch>> {
     let schema = &definition.output_schema;
     if rows.len == 0 {
@@ -47,12 +50,22 @@ pub(crate) fn output_batches<B: JoinBackend>(
     }
     let mut build_gather = SideGather::new(build, &rows.build);
     let mut probe_gather = probe.map(|view| SideGather::new(view, &rows.probe));
+    let mut downloaded = definition
+        .output_columns
+        .iter()
+        .map(|column| match (column, probe_gather.as_mut()) {
+            (OutputColumn::Build(i), _) => build_gather.download(backend, *i),
+            (OutputColumn::Probe(i), Some(gather)) => gather.download(backend, *i),
+            (OutputColumn::Probe(_), None) | (OutputColumn::Mark, _) => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    admission.let_go();
     let mut lengths = vec![];
     for column in &definition.output_columns {
         let found = match column {
-            OutputColumn::Build(i) => build_gather.value_lengths(backend, *i, rows.len, array_values)?,
+            OutputColumn::Build(i) => build_gather.value_lengths(*i, rows.len, array_values)?,
             OutputColumn::Probe(i) => match probe_gather.as_mut() {
-                Some(gather) => gather.value_lengths(backend, *i, rows.len, array_values)?,
+                Some(gather) => gather.value_lengths(*i, rows.len, array_values)?,
                 None => None,
             },
             OutputColumn::Mark => None,
@@ -64,10 +77,13 @@ pub(crate) fn output_batches<B: JoinBackend>(
         .output_columns
         .iter()
         .zip(schema.fields())
-        .map(|(column, field)| match column {
-            OutputColumn::Build(i) => build_gather.columns(backend, *i, field.data_type(), rows.len, &windows),
+        .zip(downloaded.iter_mut())
+        .map(|((column, field), downloaded)| match column {
+            OutputColumn::Build(i) => {
+                build_gather.columns(*i, field.data_type(), rows.len, &windows, downloaded.take())
+            }
             OutputColumn::Probe(i) => match probe_gather.as_mut() {
-                Some(gather) => gather.columns(backend, *i, field.data_type(), rows.len, &windows),
+                Some(gather) => gather.columns(*i, field.data_type(), rows.len, &windows, downloaded.take()),
                 None => Ok(windows.iter().map(|w| new_null_array(field.data_type(), w.len())).collect()),
             },
             OutputColumn::Mark => match &rows.mark {
@@ -115,12 +131,12 @@ fn windows_within(lengths: &[Vec<usize>], rows: usize, limit: usize) -> Vec<Rang
 
 /// The output of a probe chunk whose rows are each probe row once, in
 /// order ([`super::semantics::each_probe_row_once`]): the build side's
-/// columns gathered and downloaded whole (those on the host taken batch by
-/// batch), and the probe side's as they came. A batch the chunk came in of
-/// at least half `batch_rows` rows is an output batch with its own probe
-/// columns, not copied; smaller ones are joined up to that size, so that a
-/// probe input of small batches does not become as many small output
-/// batches.
+/// columns gathered and downloaded whole, `admission` let go, those on the
+/// host taken batch by batch, and the probe side's as they came. A batch
+/// the chunk came in of at least half `batch_rows` rows is an output batch
+/// with its own probe columns, not copied; smaller ones are joined up to
+/// that size, so that a probe input of small batches does not become as
+/// many small output batches.
 pub(crate) fn probe_rows_passed_through<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
@@ -128,6 +144,7 @@ pub(crate) fn probe_rows_passed_through<B: JoinBackend>(
     build: &SideView<'_, B>,
     probe: &HostRows,
     batch_rows: usize,
+    admission: &mut Admitted,
 ) -> Result<Vec<RecordBatch>> {
     let schema = &definition.output_schema;
     let parts: Vec<&RecordBatch> = probe.parts().iter().filter(|part| part.num_rows() > 0).collect();
@@ -144,13 +161,23 @@ pub(crate) fn probe_rows_passed_through<B: JoinBackend>(
         (start, first) = (start + len, end);
     }
     let mut build_gather = SideGather::new(build, &rows.build);
+    let mut downloaded = definition
+        .output_columns
+        .iter()
+        .map(|column| match column {
+            OutputColumn::Build(i) => build_gather.download(backend, *i),
+            OutputColumn::Probe(_) | OutputColumn::Mark => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    admission.let_go();
     let build_columns = definition
         .output_columns
         .iter()
         .zip(schema.fields())
-        .map(|(column, field)| match column {
+        .zip(downloaded.iter_mut())
+        .map(|((column, field), downloaded)| match column {
             OutputColumn::Build(i) => {
-                build_gather.columns(backend, *i, field.data_type(), rows.len, &windows).map(Some)
+                build_gather.columns(*i, field.data_type(), rows.len, &windows, downloaded.take()).map(Some)
             }
             OutputColumn::Probe(_) => Ok(None),
             OutputColumn::Mark => internal_err!("a mark column among probe rows passed through"),
@@ -192,26 +219,53 @@ impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
         Self { view, rows, on_host: None }
     }
 
+    /// Column `index` gathered on the device and downloaded whole, where
+    /// the device holds it; for a column taken on the host, the side's host
+    /// rows found, so that only host work is left.
+    fn download(&mut self, backend: &B, index: usize) -> Result<Option<ArrayRef>> {
+        let SideRows::Positions(positions, may_hold_nulls) = self.rows else {
+            return Ok(None);
+        };
+        let column = match self.view.placements.get(index).and_then(Option::as_ref) {
+            Some(ColumnPlacement::Transformed(payload)) => match self.view.payloads.get(*payload) {
+                Some(column) => column,
+                None => return internal_err!("transformed payload {payload} is missing"),
+            },
+            Some(ColumnPlacement::Device(column)) => column,
+            Some(ColumnPlacement::Host) => {
+                self.host_rows(backend)?;
+                return Ok(None);
+            }
+            None => return internal_err!("output column {index} was not placed"),
+        };
+        Ok(Some(backend.download_column(&backend.gather_column(column, positions, *may_hold_nulls)?)?))
+    }
+
     /// Column `index` of the side at each of `windows` of the output rows,
-    /// each over memory of its own.
+    /// each over memory of its own: `downloaded` (see [`Self::download`])
+    /// where the device held it, taken on the host otherwise.
     fn columns(
         &mut self,
-        backend: &B,
         index: usize,
         data_type: &DataType,
         len: usize,
         windows: &[Range<usize>],
+        downloaded: Option<ArrayRef>,
     ) -> Result<Vec<ArrayRef>> {
         let on_host = matches!(self.view.placements.get(index), Some(Some(ColumnPlacement::Host)));
-        match (windows, on_host) {
-            ([window], _) if window.len() == len => Ok(vec![self.column(backend, index, data_type, len)?]),
-            (_, true) if matches!(self.rows, SideRows::Positions(..)) => {
-                windows.iter().map(|w| self.host_rows(backend)?.column_in(index, w.clone())).collect()
+        match (windows, on_host, downloaded) {
+            ([window], _, Some(whole)) if window.len() == len => Ok(vec![whole]),
+            ([window], _, None) if window.len() == len => Ok(vec![self.column(index, data_type, len)?]),
+            (_, true, None) if matches!(self.rows, SideRows::Positions(..)) => {
+                windows.iter().map(|w| self.taken_rows()?.column_in(index, w.clone())).collect()
             }
             // Each window over its own memory: a slice of the whole column
             // would count the whole column's memory.
-            _ => {
-                let whole = self.column(backend, index, data_type, len)?;
+            (_, _, downloaded) => {
+                let whole = match downloaded {
+                    Some(whole) => whole,
+                    None => self.column(index, data_type, len)?,
+                };
                 windows.iter().map(|w| owned_rows(&whole.slice(w.start, w.len()))).collect()
             }
         }
@@ -220,7 +274,7 @@ impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
     /// The value length of column `index` at each output row, where it is
     /// taken on the host and its `len` values might hold more than `limit`
     /// values behind offsets in one array; `None` where they cannot.
-    fn value_lengths(&mut self, backend: &B, index: usize, len: usize, limit: usize) -> Result<Option<Vec<usize>>> {
+    fn value_lengths(&mut self, index: usize, len: usize, limit: usize) -> Result<Option<Vec<usize>>> {
         let on_host = matches!(self.view.placements.get(index), Some(Some(ColumnPlacement::Host)));
         if !on_host || !matches!(self.rows, SideRows::Positions(..)) {
             return Ok(None);
@@ -228,10 +282,11 @@ impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
         if self.view.rows.longest_value(index).saturating_mul(len) <= limit {
             return Ok(None);
         }
-        Ok(Some(self.host_rows(backend)?.value_lengths(index)))
+        Ok(Some(self.taken_rows()?.value_lengths(index)))
     }
 
-    /// The side's host rows at the output rows, found once.
+    /// The side's host rows at the output rows, found once, on the device
+    /// where the side was transformed.
     fn host_rows(&mut self, backend: &B) -> Result<&mut TakenRows<'v>> {
         let SideRows::Positions(positions, _) = self.rows else {
             return internal_err!("host rows taken of a side without positions");
@@ -240,25 +295,26 @@ impl<'a, 'v, B: JoinBackend> SideGather<'a, 'v, B> {
             let rows = positions_to_indices(&self.view.original_rows(backend, positions)?);
             self.on_host = Some(TakenRows::new(self.view.rows, rows)?);
         }
+        self.taken_rows()
+    }
+
+    /// The side's host rows at the output rows, found by [`Self::download`].
+    fn taken_rows(&mut self) -> Result<&mut TakenRows<'v>> {
         match self.on_host.as_mut() {
             Some(on_host) => Ok(on_host),
-            None => internal_err!("host rows lost"),
+            None => internal_err!("host rows taken before they were found"),
         }
     }
 
-    fn column(&mut self, backend: &B, index: usize, data_type: &DataType, len: usize) -> Result<ArrayRef> {
-        let SideRows::Positions(positions, may_hold_nulls) = self.rows else {
+    /// Column `index` where the device did not hold it: taken on the host,
+    /// or nulls where the side has no rows in the output.
+    fn column(&mut self, index: usize, data_type: &DataType, len: usize) -> Result<ArrayRef> {
+        let SideRows::Positions(..) = self.rows else {
             return Ok(new_null_array(data_type, len));
         };
         match self.view.placements.get(index).and_then(Option::as_ref) {
-            Some(ColumnPlacement::Transformed(payload)) => match self.view.payloads.get(*payload) {
-                Some(column) => backend.download_column(&backend.gather_column(column, positions, *may_hold_nulls)?),
-                None => internal_err!("transformed payload {payload} is missing"),
-            },
-            Some(ColumnPlacement::Device(column)) => {
-                backend.download_column(&backend.gather_column(column, positions, *may_hold_nulls)?)
-            }
-            Some(ColumnPlacement::Host) => self.host_rows(backend)?.column(index),
+            Some(ColumnPlacement::Host) => self.taken_rows()?.column(index),
+            Some(_) => internal_err!("output column {index} of the device was not downloaded"),
             None => internal_err!("output column {index} was not placed"),
         }
     }

@@ -27,7 +27,7 @@ use super::side::{
     ColumnPlacement, PlacedColumns, SideView, columns_held, filter_columns, has_host_columns, place_columns,
 };
 use super::staged_keys::{KeyedVector, StagedKeys, probe_keys_in_place, upload_keys};
-use crate::backend::{JoinBackend, MatchFlags, Space, Transformed, check_candidates_within};
+use crate::backend::{Admitted, JoinBackend, MatchFlags, Space, Transformed, check_candidates_within};
 use crate::keys::{KeyExactness, NormalizedKey};
 
 /// A joined probe chunk's output.
@@ -165,8 +165,9 @@ pub enum Emit {
 }
 
 /// Joins a loaded probe chunk with the build side and returns the output
-/// rows `output` asks for. Waits for its work before returning, so that the
-/// chunk's memory may be freed on the instance that loaded it.
+/// rows `output` asks for, letting `admission` go once the device's part is
+/// done. Waits for its work before returning, so that the chunk's memory may
+/// be freed on the instance that loaded it.
 pub fn join_loaded_chunk<B: JoinBackend>(
     backend: &B,
     definition: &JoinDefinition,
@@ -174,6 +175,7 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     chunk: LoadedChunk<B>,
     timers: &PhaseTimers,
     output: Emit,
+    mut admission: Admitted,
 ) -> Result<JoinedChunk> {
     if !chunk.loaded_for(build) {
         return internal_err!("GPU join: a probe chunk was loaded for another preparation of the build side");
@@ -181,10 +183,10 @@ pub fn join_loaded_chunk<B: JoinBackend>(
     let output = match (&build.relation, &chunk.keys) {
         (_, None) => Ok(JoinedChunk { batches: vec![], probe_columns: ProbeOutput::Gathered }),
         (KeyedRelation::U32(relation), Some(KeyedVector::U32(keys))) => {
-            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, output)
+            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, output, &mut admission)
         }
         (KeyedRelation::U64(relation), Some(KeyedVector::U64(keys))) => {
-            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, output)
+            join_keyed_chunk(backend, definition, build, relation, &chunk, keys, timers, output, &mut admission)
         }
         _ => internal_err!("probe keys were loaded in another width than the build keys"),
     };
@@ -202,6 +204,7 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
     keys: &B::Vector<K>,
     timers: &PhaseTimers,
     output: Emit,
+    admission: &mut Admitted,
 ) -> Result<JoinedChunk> {
     let timer = timers.transform.timer();
     let payloads: Vec<&B::Column> = chunk.to_transform.iter().collect();
@@ -265,8 +268,15 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
 
     let _timer = timers.materialize.timer();
     if passed_through {
-        let batches =
-            probe_rows_passed_through(backend, definition, &rows, &build_view, &chunk.chunk, chunk.limits.batch_rows)?;
+        let batches = probe_rows_passed_through(
+            backend,
+            definition,
+            &rows,
+            &build_view,
+            &chunk.chunk,
+            chunk.limits.batch_rows,
+            admission,
+        )?;
         return Ok(JoinedChunk { batches, probe_columns: ProbeOutput::PassedThrough });
     }
     let placed = match chunk.columns {
@@ -285,8 +295,15 @@ fn join_keyed_chunk<B: JoinBackend, K: NormalizedKey>(
         Some(placed) => SideView { placements: &placed.placements, ..probe_view },
         None => probe_view,
     };
-    let batches =
-        output_batches(backend, definition, &rows, &build_view, Some(&probe_view), chunk.limits.array_values)?;
+    let batches = output_batches(
+        backend,
+        definition,
+        &rows,
+        &build_view,
+        Some(&probe_view),
+        chunk.limits.array_values,
+        admission,
+    )?;
     let probe_columns = match placed.is_some_and(|placed| placed.on_host) {
         true => ProbeOutput::TakenOnHost,
         false => ProbeOutput::Gathered,

@@ -3,7 +3,8 @@
 //! number of partitions and concurrent queries, as spark-rapids'
 //! `concurrentGpuTasks`. Jobs beyond the bound wait, asynchronously, for a
 //! running one to end; a job retried after running out of memory runs
-//! alone.
+//! alone. A job holds its permit while it works on the device and lets it
+//! go once only host work is left ([`Admitted`]).
 
 use std::sync::Arc;
 
@@ -42,5 +43,42 @@ impl Admission {
             .acquire_many_owned(permits)
             .await
             .map_err(|e| exec_datafusion_err!("GPU join admission closed: {e}"))
+    }
+}
+
+/// A job's admission to its device, held while the job works on the device
+/// and let go once only host work is left (taking rows on the host,
+/// building arrays), so that another job's device work runs beside that.
+#[derive(Debug)]
+pub struct Admitted(Option<OwnedSemaphorePermit>);
+
+impl Admitted {
+    /// The job holds `permit` until [`Admitted::let_go`] or its end.
+    pub fn new(permit: OwnedSemaphorePermit) -> Self {
+        Self(Some(permit))
+    }
+
+    /// The job's device work is over: another job may start.
+    pub fn let_go(&mut self) {
+        self.0 = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_job_that_lets_go_admits_the_next_before_it_ends() -> Result<()> {
+        let admission = Admission::default();
+        let mut first = Admitted::new(admission.shared(1).await?);
+        assert!(admission.shared(1).now_or_never().is_none(), "one job at a time: the second waits");
+        first.let_go();
+        let second = admission.shared(1).now_or_never();
+        assert!(matches!(second, Some(Ok(_))), "the first let go while it still runs: the second starts");
+        drop(first);
+        Ok(())
     }
 }

@@ -29,7 +29,7 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
-pub use admission::Admission;
+pub use admission::{Admission, Admitted};
 pub(crate) use cache::cache_dir;
 pub use counters::DeviceCounters;
 pub use grouping::{Groups, IntegerWidth, Reduced, Reduction};

@@ -15,7 +15,7 @@ use crate::algorithms::{
     Emit, HostRows, JoinedChunk, LoadedChunk, ProbeColumns, ProbeOutput, ProbePlan, columns_held, join_loaded_chunk,
     load_probe_chunk,
 };
-use crate::backend::JoinBackend;
+use crate::backend::{Admitted, JoinBackend};
 
 /// A probe chunk on its way from the loading stage to the joining stage.
 pub(super) enum Chunk<B: JoinBackend> {
@@ -99,14 +99,16 @@ pub(super) async fn load_chunk<B: JoinBackend>(
     .await
 }
 
-/// Joins a loaded chunk with `build`, in one blocking job, and records
-/// its output rows in the join's policy.
+/// Joins a loaded chunk with `build`, in one blocking job that holds the
+/// device's `admission` until its device work is done, and records its
+/// output rows in the join's policy.
 pub(super) async fn join_loaded<B: JoinBackend>(
     probing: &Probing<'_, B>,
     backend: &B,
     build: &Arc<DeviceBuild<B>>,
     loaded: LoadedChunk<B>,
     output: Emit,
+    admission: Admitted,
 ) -> Result<JoinedChunk> {
     let inputs = probing.inputs;
     let (backend, definition, timers) =
@@ -114,7 +116,7 @@ pub(super) async fn join_loaded<B: JoinBackend>(
     let (build, probe_rows) = (Arc::clone(build), loaded.rows());
     let _compute = inputs.metrics.baseline.elapsed_compute().timer();
     let joined = run_blocking("joining a probe chunk", move || {
-        join_loaded_chunk(&backend, &definition, &build, loaded, &timers, output)
+        join_loaded_chunk(&backend, &definition, &build, loaded, &timers, output, admission)
     })
     .await?;
     let output_rows = joined.batches.iter().map(RecordBatch::num_rows).sum();
@@ -127,8 +129,9 @@ pub(super) async fn join_loaded<B: JoinBackend>(
     Ok(joined)
 }
 
-/// Loads `rows` and joins them, under whatever admission the caller holds;
-/// an out-of-memory error from either step comes back as it is.
+/// Loads `rows` and joins them under `admission`, which the join lets go
+/// once its device work is done; an out-of-memory error from either step
+/// comes back as it is.
 pub(super) async fn load_and_join<B: JoinBackend>(
     probing: &Probing<'_, B>,
     backend: &B,
@@ -136,9 +139,10 @@ pub(super) async fn load_and_join<B: JoinBackend>(
     rows: HostRows,
     columns: ProbeColumns,
     output: Emit,
+    admission: Admitted,
 ) -> Result<Vec<RecordBatch>> {
     match load_chunk(probing, backend, build.plan(), rows, columns).await? {
-        Chunk::Loaded(loaded) => Ok(join_loaded(probing, backend, build, loaded, output).await?.batches),
+        Chunk::Loaded(loaded) => Ok(join_loaded(probing, backend, build, loaded, output, admission).await?.batches),
         Chunk::NotLoaded(_, error) => Err(error),
     }
 }

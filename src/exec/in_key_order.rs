@@ -22,7 +22,7 @@ use super::probing::Probing;
 use super::runtime::{needs_smaller_pieces, run_blocking};
 use super::staging::{ProbeStaging, held_bytes};
 use crate::algorithms::{Emit, HostRows, ProbeColumns};
-use crate::backend::{JoinBackend, too_many_pairs};
+use crate::backend::{Admitted, JoinBackend, too_many_pairs};
 
 /// Joins the whole probe side of a partition as one chunk and sends every
 /// output row of the partition in key order.
@@ -55,12 +55,14 @@ pub(super) async fn join_partition_in_key_order<B: JoinBackend>(
             false => probing.admitted().await?,
             true => probing.admitted_alone().await?,
         };
-        let joined = load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder).await;
-        // The device is not held while the consumer takes the output: a
-        // merge above waits for every partition's first batch, and a
-        // partition waiting for the device behind one that waits for the
-        // device alone would never send it.
-        drop(permit);
+        // The device is let go once the join's device work is done, and
+        // not held while the consumer takes the output: a merge above waits
+        // for every partition's first batch, and a partition waiting for
+        // the device behind one that waits for the device alone would never
+        // send it.
+        let admission = Admitted::new(permit);
+        let joined =
+            load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder, admission).await;
         match joined {
             Ok(batches) => {
                 output.send_all(batches).await?;

@@ -35,7 +35,7 @@ use super::output::OutputSender;
 use super::probing::Probing;
 use super::runtime::{needs_smaller_pieces, run_blocking};
 use crate::algorithms::{Emit, HostRows, ProbeColumns};
-use crate::backend::{JoinBackend, MAX_RELATION_ROWS, TooManyPairs, too_many_pairs};
+use crate::backend::{Admitted, JoinBackend, MAX_RELATION_ROWS, TooManyPairs, too_many_pairs};
 
 /// Below this many rows a piece that runs out of device memory is not
 /// split further but handed to DataFusion's operator.
@@ -75,6 +75,8 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
             true => probing.admitted_alone().await?,
             false => probing.admitted().await?,
         };
+        // The device is let go once the piece's device work is done, and
+        // not held while the consumer takes the output.
         let joined = load_and_join(
             probing,
             &instance,
@@ -82,11 +84,10 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
             HostRows::whole(piece.clone()),
             ProbeColumns::Upload,
             Emit::ChunkRows,
+            Admitted::new(permit),
         );
         let error = match joined.await {
             Ok(batches) => {
-                // The device is not held while the consumer takes the output.
-                drop(permit);
                 if !output.send_all(batches).await? {
                     return Ok(false);
                 }
@@ -95,7 +96,6 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
             Err(e) if needs_smaller_pieces(&e) => e,
             Err(e) => return Err(e),
         };
-        drop(permit);
         retries.add(1);
         match too_many_pairs(&error) {
             Some(too_many) if rows > 1 => {

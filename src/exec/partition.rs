@@ -69,7 +69,7 @@ use super::runtime::{CancelOnDrop, admitted, drop_off_the_workers, run_blocking}
 use super::smaller_side;
 use super::staging::held_bytes;
 use crate::algorithms::finish_build_side;
-use crate::backend::{DeviceCounters, JoinBackend};
+use crate::backend::{Admitted, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::testing::InjectedAllocationFailures;
 
@@ -457,12 +457,13 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         let limits = inputs.output_limits();
         let permit = admitted(&inputs.metrics, join.admission().shared(self.options.concurrent_tasks)).await?;
         let compute = inputs.metrics.baseline.elapsed_compute().timer();
+        // The device is let go once its part is done, and not held while
+        // the consumer takes the output.
         let batches = run_blocking("emitting build-side rows", move || {
-            finish_build_side(&backend, &definition, &build, &timers, limits)
+            finish_build_side(&backend, &definition, &build, &timers, limits, Admitted::new(permit))
         })
         .await?;
-        // The device is not held while the consumer takes the output.
-        drop((compute, permit));
+        drop(compute);
         output.send_all(batches).await?;
         Ok(())
     }
