@@ -50,16 +50,7 @@ pub(crate) fn output_batches<B: JoinBackend>(
     }
     let mut build_gather = SideGather::new(build, &rows.build);
     let mut probe_gather = probe.map(|view| SideGather::new(view, &rows.probe));
-    let mut downloaded = definition
-        .output_columns
-        .iter()
-        .map(|column| match (column, probe_gather.as_mut()) {
-            (OutputColumn::Build(i), _) => build_gather.download(backend, *i),
-            (OutputColumn::Probe(i), Some(gather)) => gather.download(backend, *i),
-            (OutputColumn::Probe(_), None) | (OutputColumn::Mark, _) => Ok(None),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    admission.let_go();
+    let downloaded = download_then_let_go(backend, definition, &mut build_gather, probe_gather.as_mut(), admission)?;
     let mut lengths = vec![];
     for column in &definition.output_columns {
         let found = match column {
@@ -77,13 +68,11 @@ pub(crate) fn output_batches<B: JoinBackend>(
         .output_columns
         .iter()
         .zip(schema.fields())
-        .zip(downloaded.iter_mut())
+        .zip(downloaded)
         .map(|((column, field), downloaded)| match column {
-            OutputColumn::Build(i) => {
-                build_gather.columns(*i, field.data_type(), rows.len, &windows, downloaded.take())
-            }
+            OutputColumn::Build(i) => build_gather.columns(*i, field.data_type(), rows.len, &windows, downloaded),
             OutputColumn::Probe(i) => match probe_gather.as_mut() {
-                Some(gather) => gather.columns(*i, field.data_type(), rows.len, &windows, downloaded.take()),
+                Some(gather) => gather.columns(*i, field.data_type(), rows.len, &windows, downloaded),
                 None => Ok(windows.iter().map(|w| new_null_array(field.data_type(), w.len())).collect()),
             },
             OutputColumn::Mark => match &rows.mark {
@@ -161,23 +150,15 @@ pub(crate) fn probe_rows_passed_through<B: JoinBackend>(
         (start, first) = (start + len, end);
     }
     let mut build_gather = SideGather::new(build, &rows.build);
-    let mut downloaded = definition
-        .output_columns
-        .iter()
-        .map(|column| match column {
-            OutputColumn::Build(i) => build_gather.download(backend, *i),
-            OutputColumn::Probe(_) | OutputColumn::Mark => Ok(None),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    admission.let_go();
+    let downloaded = download_then_let_go(backend, definition, &mut build_gather, None, admission)?;
     let build_columns = definition
         .output_columns
         .iter()
         .zip(schema.fields())
-        .zip(downloaded.iter_mut())
+        .zip(downloaded)
         .map(|((column, field), downloaded)| match column {
             OutputColumn::Build(i) => {
-                build_gather.columns(*i, field.data_type(), rows.len, &windows, downloaded.take()).map(Some)
+                build_gather.columns(*i, field.data_type(), rows.len, &windows, downloaded).map(Some)
             }
             OutputColumn::Probe(_) => Ok(None),
             OutputColumn::Mark => internal_err!("a mark column among probe rows passed through"),
@@ -205,6 +186,30 @@ pub(crate) fn probe_rows_passed_through<B: JoinBackend>(
         )?);
     }
     Ok(batches)
+}
+
+/// Each output column the device holds, gathered and downloaded whole, in
+/// the output's order (`None` for the others), the host rows of the columns
+/// taken on the host found; then `admission` let go, as only host work is
+/// left.
+fn download_then_let_go<B: JoinBackend>(
+    backend: &B,
+    definition: &JoinDefinition,
+    build: &mut SideGather<'_, '_, B>,
+    mut probe: Option<&mut SideGather<'_, '_, B>>,
+    admission: &mut Admitted,
+) -> Result<Vec<Option<ArrayRef>>> {
+    let downloaded = definition
+        .output_columns
+        .iter()
+        .map(|column| match (column, probe.as_deref_mut()) {
+            (OutputColumn::Build(i), _) => build.download(backend, *i),
+            (OutputColumn::Probe(i), Some(gather)) => gather.download(backend, *i),
+            (OutputColumn::Probe(_), None) | (OutputColumn::Mark, _) => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    admission.let_go();
+    Ok(downloaded)
 }
 
 /// Gathers the columns of one side, computing host row ids at most once.
