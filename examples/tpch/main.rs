@@ -86,7 +86,9 @@
 //! decoding, the joins, the aggregates, …): where a query's time goes
 //! besides its joins; and for the GPU joins, the bytes they moved to the
 //! device and back and the time of each of their parts (collecting build
-//! sides, staging probe chunks, materializing, …); and the process's CPU
+//! sides, staging probe chunks, materializing, …), and likewise for the GPU
+//! aggregations (waiting for the device's admission, preparing keys and
+//! arguments, grouping on the device, building the output); and the process's CPU
 //! time over the run, every thread's, with the cores it kept busy on
 //! average: a session that keeps fewer busy than the machine has waited
 //! rather than computed.
@@ -366,7 +368,8 @@ struct Timing {
     planning: Duration,
     rows: Vec<RecordBatch>,
     operators: Vec<(String, Duration)>,
-    gpu_joins: workloads::GpuJoinWork,
+    gpu_joins: workloads::GpuWork,
+    gpu_aggregates: workloads::GpuWork,
     /// The process's CPU time over the last run, and that run's time.
     busy: Option<(Duration, Duration)>,
 }
@@ -405,6 +408,7 @@ async fn timed(sessions: &[&SessionContext], query: usize, args: &Args, report: 
                 rows: last.rows,
                 operators: last.operators,
                 gpu_joins: last.gpu_joins,
+                gpu_aggregates: last.gpu_aggregates,
             })
         })
         .collect()
@@ -443,10 +447,11 @@ fn cores_busy((cpu, elapsed): (Duration, Duration)) -> String {
     format!("{:.2} s of CPU in {:.2} s, {busy:.1} of {cores} cores busy", cpu.as_secs_f64(), elapsed.as_secs_f64())
 }
 
-/// The bytes the GPU joins moved each way, and their timed parts that took
-/// at least 10 ms, the largest first. Some parts hold others (a build
-/// side's preparation holds its transform), so they are not added up.
-fn gpu_join_work(work: &workloads::GpuJoinWork) -> String {
+/// The bytes the GPU joins (or aggregations) moved each way, and their
+/// timed parts that took at least 10 ms, the largest first. Some parts hold
+/// others (a build side's preparation holds its transform), so they are not
+/// added up.
+fn gpu_work(work: &workloads::GpuWork) -> String {
     let mut parts: Vec<_> = work.parts.iter().collect();
     parts.sort_by(|a, b| b.1.cmp(a.1));
     let parts: Vec<String> = parts
@@ -677,12 +682,12 @@ async fn main() -> Result<()> {
                 continue;
             }
         };
-        let Timing { time, planning, rows: batches, operators, gpu_joins, busy } =
+        let Timing { time, planning, rows: batches, operators, gpu_joins, gpu_aggregates, busy } =
             timings.next().ok_or_else(|| DataFusionError::Internal("no timing".into()))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut figures = QueryFigures { query, gpu: time, rows, same_rows: true, ..Default::default() };
         let mut breakdowns = match args.breakdown {
-            true => vec![("GPU session", operators, gpu_joins, busy)],
+            true => vec![("GPU session", operators, gpu_joins, gpu_aggregates, busy)],
             false => vec![],
         };
         let mut line = format!("Q{query:02} {:>9.1} ms {rows:>6} rows", time.as_secs_f64() * 1e3);
@@ -694,7 +699,7 @@ async fn main() -> Result<()> {
             figures.variant = Some(other.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("variant", other.operators, other.gpu_joins, other.busy));
+                breakdowns.push(("variant", other.operators, other.gpu_joins, other.gpu_aggregates, other.busy));
             }
         }
         if args.compare
@@ -710,7 +715,7 @@ async fn main() -> Result<()> {
             figures.datafusion = Some(cpu.time);
             figures.same_rows &= same;
             if args.breakdown {
-                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_joins, cpu.busy));
+                breakdowns.push(("DataFusion", cpu.operators, cpu.gpu_joins, cpu.gpu_aggregates, cpu.busy));
             }
         }
         for (&(on_gpu, _), single) in single_node.iter().zip(timings.by_ref()) {
@@ -760,13 +765,16 @@ async fn main() -> Result<()> {
             (figures.joins_on_gpu, figures.joins_on_datafusion) = (placed.on_gpu.len(), placed.on_datafusion.len());
             line.push_str(&format!("\n      {placed}{}", variant_placements(&variant, &placed, query, &args).await?));
         }
-        for (session, operators, gpu_joins, busy) in &breakdowns {
+        for (session, operators, gpu_joins, gpu_aggregates, busy) in &breakdowns {
             line.push_str(&format!("\n      {session}, time by operator: {}", by_operator(operators)));
             if let Some(busy) = busy {
                 line.push_str(&format!("\n      {session}, the process: {}", cores_busy(*busy)));
             }
             if !gpu_joins.parts.is_empty() {
-                line.push_str(&format!("\n      {session}, GPU joins: {}", gpu_join_work(gpu_joins)));
+                line.push_str(&format!("\n      {session}, GPU joins: {}", gpu_work(gpu_joins)));
+            }
+            if !gpu_aggregates.parts.is_empty() {
+                line.push_str(&format!("\n      {session}, GPU aggregations: {}", gpu_work(gpu_aggregates)));
             }
         }
         if args.explain {

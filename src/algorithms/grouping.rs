@@ -35,12 +35,13 @@ use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode, AggregateOutputMode};
+use datafusion::physical_plan::metrics::Time;
 
 use super::host_rows::{HostRows, TakenRows};
 use super::staged_keys::{KeyedVector, StagedKeys, evaluate_keys, upload_keys};
 use super::string_codes::{is_coded_type, with_codes};
 use crate::backend::{IntegerWidth, JoinBackend, Reduction};
-use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, NormalizedKey, is_packable_key_type};
+use crate::keys::{KeyEncoder, KeyExactness, KeyRanges, is_packable_key_type};
 
 /// Why an aggregation stays on DataFusion's operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +102,18 @@ struct StateColumn {
     /// it, whose final aggregation reads a count that is not NULL as a
     /// group with values.
     nulls_of_next: bool,
+}
+
+/// Where the time of grouping a chunk goes, part by part.
+#[derive(Debug, Clone, Default)]
+pub struct GroupingTimers {
+    /// On the host and the bus: keys evaluated, coded, packed and
+    /// uploaded, arguments evaluated and uploaded.
+    pub prepare: Time,
+    /// On the device: rows grouped and states folded, then downloaded.
+    pub group: Time,
+    /// On the host: the grouping columns taken, the output built.
+    pub output: Time,
 }
 
 /// An aggregation as the backend runs it.
@@ -311,23 +324,33 @@ impl Grouping {
 
     /// The partial aggregation of `batches` on `backend`: one row per
     /// group; `None`, for DataFusion's operator, where the keys do not
-    /// group on the backend ([`Grouping::keys_group_on_backend`]).
+    /// group on the backend ([`Grouping::keys_group_on_backend`]). Each
+    /// part is timed in `timers`.
     pub fn group<B: JoinBackend>(
         &self,
         backend: &B,
         batches: &[RecordBatch],
         min_key_values: usize,
+        timers: &GroupingTimers,
     ) -> Result<Option<RecordBatch>> {
+        let prepare = timers.prepare.timer();
         let Some(PackedKeys { keys, coded, encoder }) = self.packed_keys(batches, min_key_values)? else {
             return Ok(None);
         };
         let codes = StagedKeys::of_pieces(coded, batches);
         let arguments = batches.iter().map(|batch| evaluate_keys(&self.arguments, batch)).collect::<Result<_>>()?;
         let arguments = in_their_batches(arguments, batches)?;
-        let groups = match upload_keys(backend, &encoder, &codes)? {
-            KeyedVector::U32(codes) => self.fold(backend, &codes, &arguments)?,
-            KeyedVector::U64(codes) => self.fold(backend, &codes, &arguments)?,
+        let uploaded = upload_keys(backend, &encoder, &codes)?;
+        let columns = self.upload_arguments(backend, &arguments)?;
+        prepare.done();
+        let grouped = timers.group.timer();
+        let reductions: Vec<_> = self.states.iter().zip(&columns).map(|(s, c)| (s.reduction, c.as_ref())).collect();
+        let groups = match uploaded {
+            KeyedVector::U32(codes) => backend.group_rows(&codes, &reductions)?,
+            KeyedVector::U64(codes) => backend.group_rows(&codes, &reductions)?,
         };
+        grouped.done();
+        let _output = timers.output.timer();
         // The grouping columns of a row of each group, taken from the
         // batches the rows came in.
         let rows = UInt32Array::from(groups.rows.clone());
@@ -349,16 +372,11 @@ impl Grouping {
         Ok(Some(RecordBatch::try_new(Arc::clone(&self.schema), columns)?))
     }
 
-    /// The groups of `keys`, in backend memory, and their states over
-    /// `arguments`.
-    fn fold<B: JoinBackend, K: NormalizedKey>(
-        &self,
-        backend: &B,
-        keys: &B::Vector<K>,
-        arguments: &HostRows,
-    ) -> Result<crate::backend::Groups> {
-        let columns = self
-            .states
+    /// The column each state folds, uploaded: an argument's values, or its
+    /// validity for a count of its values; `None` for a count of rows
+    /// whose argument holds no NULL.
+    fn upload_arguments<B: JoinBackend>(&self, backend: &B, arguments: &HostRows) -> Result<Vec<Option<B::Column>>> {
+        self.states
             .iter()
             .map(|state| match state.source {
                 Source::Validity(i) => {
@@ -381,9 +399,7 @@ impl Grouping {
                 }
                 Source::Values(i) => arguments.upload_column(backend, i).map(Some),
             })
-            .collect::<Result<Vec<_>>>()?;
-        let reductions: Vec<_> = self.states.iter().zip(&columns).map(|(s, c)| (s.reduction, c.as_ref())).collect();
-        backend.group_rows(keys, &reductions)
+            .collect()
     }
 }
 

@@ -32,7 +32,7 @@ mod string_codes;
 
 pub use build_side::{BuildSide, ProbePlan, finish_build_side, prepare_build_side};
 pub use definition::{JoinDefinition, KeyOrder, OutputColumn};
-pub use grouping::{AggregateNotOnGpu, Grouping};
+pub use grouping::{AggregateNotOnGpu, Grouping, GroupingTimers};
 pub use host_rows::{HostRows, assemble_columns};
 pub use materialize::OutputLimits;
 pub use pair_filter::{ColumnComparison, PairFilter};

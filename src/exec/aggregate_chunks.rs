@@ -30,7 +30,7 @@ use futures::StreamExt;
 use super::output::output_slices;
 use super::read_ahead::StreamSlots;
 use super::runtime::run_blocking;
-use crate::algorithms::Grouping;
+use crate::algorithms::{Grouping, GroupingTimers};
 use crate::arrays::owned_slice;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{BackendHandle, DeviceCounters, JoinBackend, cpu::CpuBackend};
@@ -80,16 +80,39 @@ struct AggregateMetrics {
     rows_on_datafusion: Count,
     /// Groups the partition emitted.
     groups: Count,
+    device: DeviceWork,
+}
+
+/// A partition's work with the device, which its grouping tasks add to.
+#[derive(Clone)]
+struct DeviceWork {
+    /// Waiting for the device's admission: not at work, so not in
+    /// `elapsed_compute`.
+    admission_wait: Time,
+    timers: GroupingTimers,
+    bytes_to_device: Count,
+    bytes_from_device: Count,
 }
 
 impl AggregateMetrics {
     fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         let builder = || MetricBuilder::new(metrics);
+        let time = |name: &'static str| builder().subset_time(name, partition);
         Self {
             baseline: BaselineMetrics::new(metrics, partition),
             rows_on_backend: builder().counter("rows_on_backend", partition),
             rows_on_datafusion: builder().counter("rows_on_datafusion", partition),
             groups: builder().counter("groups", partition),
+            device: DeviceWork {
+                admission_wait: time("admission_wait_time"),
+                timers: GroupingTimers {
+                    prepare: time("prepare_time"),
+                    group: time("group_time"),
+                    output: time("output_time"),
+                },
+                bytes_to_device: builder().counter("bytes_to_device", partition),
+                bytes_from_device: builder().counter("bytes_from_device", partition),
+            },
         }
     }
 }
@@ -252,15 +275,22 @@ pub(super) struct GroupingJob {
 }
 
 impl GroupingJob {
-    /// The groups of `batches`, `rows` input rows, made on the backend and
-    /// timed in `compute`; the batches back where it cannot group them.
-    async fn group(self: Arc<Self>, batches: Vec<RecordBatch>, rows: usize, compute: Time) -> Grouped {
-        let timer = compute.timer();
+    /// The groups of `batches`, `rows` input rows, made on the backend,
+    /// the work timed in `compute` and counted in `work`; the batches back
+    /// where it cannot group them.
+    async fn group(
+        self: Arc<Self>,
+        batches: Vec<RecordBatch>,
+        rows: usize,
+        compute: Time,
+        work: DeviceWork,
+    ) -> Grouped {
         let grouped = match self.backend.clone() {
-            BackendHandle::Cpu => on_backend::<CpuBackend>((), &self, batches.clone()).await,
-            BackendHandle::Cuda(device) => on_backend::<CudaBackend>(device, &self, batches.clone()).await,
+            BackendHandle::Cpu => on_backend::<CpuBackend>((), &self, batches.clone(), compute, work).await,
+            BackendHandle::Cuda(device) => {
+                on_backend::<CudaBackend>(device, &self, batches.clone(), compute, work).await
+            }
         };
-        timer.done();
         let groups = match grouped {
             Ok(Some(groups)) => Ok(groups),
             outcome => {
@@ -449,7 +479,8 @@ impl Chunks {
         }
         let rows = std::mem::take(&mut self.rows);
         let compute = self.metrics.baseline.elapsed_compute().clone();
-        let task = SpawnedTask::spawn(Arc::clone(&self.job).group(batches, rows, compute));
+        let work = self.metrics.device.clone();
+        let task = SpawnedTask::spawn(Arc::clone(&self.job).group(batches, rows, compute, work));
         self.pending = Some(Pending { task, bytes });
         Ok(())
     }
@@ -557,17 +588,27 @@ impl Chunks {
 }
 
 /// A chunk's groups made on a device of `B`, admitted as its other jobs
-/// are; `None` where its keys do not group there.
+/// are; `None` where its keys do not group there. The wait for admission
+/// is timed apart from the work, in `compute`.
 async fn on_backend<B: JoinBackend>(
     device: B::Device,
     job: &GroupingJob,
     batches: Vec<RecordBatch>,
+    compute: Time,
+    work: DeviceWork,
 ) -> Result<Option<RecordBatch>> {
+    let waiting = work.admission_wait.timer();
     let _permit = B::admission(&device).shared(job.concurrent_tasks).await?;
+    waiting.done();
     let (grouping, min_key_values) = (Arc::clone(&job.grouping), job.min_key_values);
     run_blocking("grouping rows", move || {
-        let backend = B::open(&device, Arc::new(DeviceCounters::default()))?;
-        grouping.group(&backend, &batches, min_key_values)
+        let _timer = compute.timer();
+        let counters = Arc::new(DeviceCounters::default());
+        let backend = B::open(&device, Arc::clone(&counters))?;
+        let groups = grouping.group(&backend, &batches, min_key_values, &work.timers);
+        work.bytes_to_device.add(counters.bytes_to_device() as usize);
+        work.bytes_from_device.add(counters.bytes_from_device() as usize);
+        groups
     })
     .await
 }

@@ -109,15 +109,17 @@ pub struct Run {
     pub operators: Vec<(String, Duration)>,
     /// What the GPU joins of the executed plans did, summed over their
     /// partitions and nodes.
-    pub gpu_joins: GpuJoinWork,
+    pub gpu_joins: GpuWork,
+    /// What the GPU aggregations did, likewise.
+    pub gpu_aggregates: GpuWork,
 }
 
-/// The GPU joins' work in a run: where a `GpuJoinExec`'s entry among the
-/// operators goes, and what it moved over the bus.
+/// One kind of GPU operator's work in a run (its joins' or its
+/// aggregations'): where its time went, and what it moved over the bus.
 #[derive(Debug, Default)]
-pub struct GpuJoinWork {
+pub struct GpuWork {
     /// The time of each timed part (`build_collect_time`,
-    /// `materialize_time`, …).
+    /// `materialize_time`, `group_time`, …).
     pub parts: BTreeMap<String, Duration>,
     pub bytes_to_device: usize,
     pub bytes_from_device: usize,
@@ -129,7 +131,7 @@ pub struct GpuJoinWork {
 /// those reports is not counted in the run's time.
 pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -> Result<Run> {
     let (mut rows, mut elapsed, mut planning) = (vec![], Duration::ZERO, Duration::ZERO);
-    let (mut operators, mut gpu_joins) = (BTreeMap::new(), GpuJoinWork::default());
+    let (mut operators, mut gpu_joins, mut gpu_aggregates) = (BTreeMap::new(), GpuWork::default(), GpuWork::default());
     let mut process_cpu = Some(Duration::ZERO);
     for statement in statements {
         let (start, cpu_start) = (Instant::now(), cpu_time());
@@ -144,14 +146,14 @@ pub async fn run_statements_timed(ctx: &SessionContext, statements: &[String]) -
             _ => None,
         };
         let plan = rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::Aggregated).await?;
-        add_operator_times(&plan, &mut operators, &mut gpu_joins);
+        add_operator_times(&plan, &mut operators, &mut gpu_joins, &mut gpu_aggregates);
         if is_query(statement) {
             rows.extend(batches);
         }
     }
     let mut operators: Vec<_> = operators.into_iter().collect();
     operators.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(Run { rows, elapsed, planning, process_cpu, operators, gpu_joins })
+    Ok(Run { rows, elapsed, planning, process_cpu, operators, gpu_joins, gpu_aggregates })
 }
 
 /// The CPU time this process has used so far, every thread's, user and
@@ -182,11 +184,13 @@ fn cpu_time() -> Option<Duration> {
 /// The stages of a distributed plan are the coordinator's copies, with the
 /// joins it planned; a join whose metrics are a GPU join's (it moved bytes
 /// to a device) ran as one on its worker, and is counted as one. A GPU
-/// join's timed parts and the bytes it moved go to `gpu_joins` as well.
+/// join's timed parts and the bytes it moved go to `gpu_joins` as well, a
+/// GPU aggregation's to `gpu_aggregates`.
 fn add_operator_times(
     plan: &Arc<dyn ExecutionPlan>,
     operators: &mut BTreeMap<String, Duration>,
-    gpu_joins: &mut GpuJoinWork,
+    gpu_joins: &mut GpuWork,
+    gpu_aggregates: &mut GpuWork,
 ) {
     if let Some(metrics) = plan.metrics() {
         let own_work = |name| metrics.sum_by_name(name).map(|value| value.as_usize());
@@ -196,25 +200,28 @@ fn add_operator_times(
             .unwrap_or(0);
         let name = match own_work("bytes_to_device") {
             Some(bytes_to_device) => {
-                gpu_joins.bytes_to_device += bytes_to_device;
-                gpu_joins.bytes_from_device += own_work("bytes_from_device").unwrap_or(0);
+                let (name, work) = match plan.name() {
+                    "GpuAggregateExec" => ("GpuAggregateExec", &mut *gpu_aggregates),
+                    _ => ("GpuJoinExec", &mut *gpu_joins),
+                };
+                work.bytes_to_device += bytes_to_device;
+                work.bytes_from_device += own_work("bytes_from_device").unwrap_or(0);
                 // Per-device shares (`device0_time`) repeat the totals.
                 for value in metrics.iter().map(|metric| metric.value()) {
                     if let MetricValue::Time { name, time } = value
                         && !name.starts_with("device")
                     {
-                        *gpu_joins.parts.entry(name.to_string()).or_default() +=
-                            Duration::from_nanos(time.value() as u64);
+                        *work.parts.entry(name.to_string()).or_default() += Duration::from_nanos(time.value() as u64);
                     }
                 }
-                "GpuJoinExec"
+                name
             }
             None => plan.name(),
         };
         *operators.entry(name.to_string()).or_default() += Duration::from_nanos(nanos as u64);
     }
     for child in plan.children() {
-        add_operator_times(child, operators, gpu_joins);
+        add_operator_times(child, operators, gpu_joins, gpu_aggregates);
     }
 }
 
