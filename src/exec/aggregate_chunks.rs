@@ -588,8 +588,8 @@ impl Chunks {
 }
 
 /// A chunk's groups made on a device of `B`, admitted as its other jobs
-/// are; `None` where its keys do not group there. The wait for admission
-/// is timed apart from the work, in `compute`.
+/// are; `None` where its keys do not group there. The work is timed in
+/// `compute`, the wait for admission apart from it.
 async fn on_backend<B: JoinBackend>(
     device: B::Device,
     job: &GroupingJob,
