@@ -3,8 +3,9 @@
 //! number of partitions and concurrent queries, as spark-rapids'
 //! `concurrentGpuTasks`. Jobs beyond the bound wait, asynchronously, for a
 //! running one to end; a job retried after running out of memory runs
-//! alone. A job holds its permit while it works on the device and lets it
-//! go once only host work is left ([`Admitted`]).
+//! alone. A join's job holds its admission while it works on the device and
+//! lets it go once only host work is left ([`Admitted`]); an aggregation's
+//! chunk holds it until its groups are built.
 
 use std::sync::Arc;
 
@@ -28,36 +29,33 @@ impl Default for Admission {
 
 impl Admission {
     /// Waits until one more job may run beside `concurrent_tasks - 1` others.
-    pub async fn shared(&self, concurrent_tasks: usize) -> Result<OwnedSemaphorePermit> {
+    pub async fn shared(&self, concurrent_tasks: usize) -> Result<Admitted> {
         let tasks = u32::try_from(concurrent_tasks).unwrap_or(PERMITS).clamp(1, PERMITS);
         self.acquire(PERMITS / tasks).await
     }
 
     /// Waits until the job may run alone on the device.
-    pub async fn exclusive(&self) -> Result<OwnedSemaphorePermit> {
+    pub async fn exclusive(&self) -> Result<Admitted> {
         self.acquire(PERMITS).await
     }
 
-    async fn acquire(&self, permits: u32) -> Result<OwnedSemaphorePermit> {
-        Arc::clone(&self.permits)
+    async fn acquire(&self, permits: u32) -> Result<Admitted> {
+        let permit = Arc::clone(&self.permits)
             .acquire_many_owned(permits)
             .await
-            .map_err(|e| exec_datafusion_err!("GPU join admission closed: {e}"))
+            .map_err(|e| exec_datafusion_err!("GPU join admission closed: {e}"))?;
+        Ok(Admitted(Some(permit)))
     }
 }
 
 /// A job's admission to its device, held while the job works on the device
 /// and let go once only host work is left (taking rows on the host,
 /// building arrays), so that another job's device work runs beside that.
+/// The job holds it until [`Admitted::let_go`] or its end.
 #[derive(Debug)]
 pub struct Admitted(Option<OwnedSemaphorePermit>);
 
 impl Admitted {
-    /// The job holds `permit` until [`Admitted::let_go`] or its end.
-    pub fn new(permit: OwnedSemaphorePermit) -> Self {
-        Self(Some(permit))
-    }
-
     /// The job's device work is over: another job may start.
     pub fn let_go(&mut self) {
         self.0 = None;
@@ -73,7 +71,7 @@ mod tests {
     #[tokio::test]
     async fn a_job_that_lets_go_admits_the_next_before_it_ends() -> Result<()> {
         let admission = Admission::default();
-        let mut first = Admitted::new(admission.shared(1).await?);
+        let mut first = admission.shared(1).await?;
         assert!(admission.shared(1).now_or_never().is_none(), "one job at a time: the second waits");
         first.let_go();
         let second = admission.shared(1).now_or_never();

@@ -22,7 +22,7 @@ use super::probing::Probing;
 use super::runtime::{needs_smaller_pieces, run_blocking};
 use super::staging::{ProbeStaging, held_bytes};
 use crate::algorithms::{Emit, HostRows, ProbeColumns};
-use crate::backend::{Admitted, JoinBackend, too_many_pairs};
+use crate::backend::{JoinBackend, too_many_pairs};
 
 /// Joins the whole probe side of a partition as one chunk and sends every
 /// output row of the partition in key order.
@@ -60,9 +60,7 @@ pub(super) async fn join_partition_in_key_order<B: JoinBackend>(
         // for every partition's first batch, and a partition waiting for
         // the device behind one that waits for the device alone would never
         // send it.
-        let admission = Admitted::new(permit);
-        let joined =
-            load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder, admission).await;
+        let joined = load_and_join(probing, &backend, build, chunk.clone(), columns, Emit::AllInKeyOrder, permit).await;
         match joined {
             Ok(batches) => {
                 output.send_all(batches).await?;

@@ -35,7 +35,7 @@ use super::output::OutputSender;
 use super::probing::Probing;
 use super::runtime::{needs_smaller_pieces, run_blocking};
 use crate::algorithms::{Emit, HostRows, ProbeColumns};
-use crate::backend::{Admitted, JoinBackend, MAX_RELATION_ROWS, TooManyPairs, too_many_pairs};
+use crate::backend::{JoinBackend, MAX_RELATION_ROWS, TooManyPairs, too_many_pairs};
 
 /// Below this many rows a piece that runs out of device memory is not
 /// split further but handed to DataFusion's operator.
@@ -84,7 +84,7 @@ pub(super) async fn join_in_pieces<B: JoinBackend>(
             HostRows::whole(piece.clone()),
             ProbeColumns::Upload,
             Emit::ChunkRows,
-            Admitted::new(permit),
+            permit,
         );
         let error = match joined.await {
             Ok(batches) => {

@@ -69,7 +69,7 @@ use super::runtime::{CancelOnDrop, admitted, drop_off_the_workers, run_blocking}
 use super::smaller_side;
 use super::staging::held_bytes;
 use crate::algorithms::finish_build_side;
-use crate::backend::{Admitted, DeviceCounters, JoinBackend};
+use crate::backend::{DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 use crate::testing::InjectedAllocationFailures;
 
@@ -460,7 +460,7 @@ impl<'a, B: JoinBackend> PartitionDriver<'a, B> {
         // The device is let go once its part is done, and not held while
         // the consumer takes the output.
         let batches = run_blocking("emitting build-side rows", move || {
-            finish_build_side(&backend, &definition, &build, &timers, limits, Admitted::new(permit))
+            finish_build_side(&backend, &definition, &build, &timers, limits, permit)
         })
         .await?;
         drop(compute);

@@ -38,7 +38,7 @@ use super::probing::{BuildForJob, LoadPlan, Probing};
 use super::runtime::needs_smaller_pieces;
 use super::staging::{ProbeStaging, held_bytes};
 use crate::algorithms::{Emit, HostRows, ProbeColumns};
-use crate::backend::{Admitted, JoinBackend, MAX_RELATION_ROWS};
+use crate::backend::{JoinBackend, MAX_RELATION_ROWS};
 
 /// How a partition's probe stages ended.
 pub(super) enum ProbeEnd<B: JoinBackend> {
@@ -243,7 +243,7 @@ async fn join_chunk<B: JoinBackend>(
     let (rows, error) = match chunk {
         Chunk::Loaded(loaded) => {
             let chunk = loaded.chunk().clone();
-            let admission = Admitted::new(probing.admitted().await?);
+            let admission = probing.admitted().await?;
             match join_loaded(probing, backend, build, loaded, Emit::ChunkRows, admission).await {
                 Ok(joined) => return Ok(ChunkJoined::Output(joined.batches)),
                 Err(e) if needs_smaller_pieces(&e) => (chunk, e),

@@ -7,7 +7,6 @@ use arrow::record_batch::RecordBatch;
 use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::build::{CollectedBuild, PendingBuild};
 use super::device_build::DeviceBuild;
@@ -16,7 +15,7 @@ use super::inputs::PartitionInputs;
 use super::passes::BuildPasses;
 use super::runtime::admitted;
 use crate::algorithms::{HostRows, ProbePlan};
-use crate::backend::{DeviceCounters, JoinBackend};
+use crate::backend::{Admitted, DeviceCounters, JoinBackend};
 use crate::config::GpuJoinConfig;
 
 /// Where a partition's jobs take the build side from.
@@ -177,12 +176,12 @@ impl<B: JoinBackend> Probing<'_, B> {
     }
 
     /// A shared permit of the device's admission.
-    pub async fn admitted(&self) -> Result<OwnedSemaphorePermit> {
+    pub async fn admitted(&self) -> Result<Admitted> {
         admitted(&self.inputs.metrics, self.join.admission().shared(self.options.concurrent_tasks)).await
     }
 
     /// The device to itself: a job that ran out of memory beside others.
-    pub async fn admitted_alone(&self) -> Result<OwnedSemaphorePermit> {
+    pub async fn admitted_alone(&self) -> Result<Admitted> {
         admitted(&self.inputs.metrics, self.join.admission().exclusive()).await
     }
 }

@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::metrics::GpuJoinMetrics;
-use crate::backend::{DeviceCounters, too_many_pairs};
+use crate::backend::{Admitted, DeviceCounters, too_many_pairs};
 
 /// Runs blocking join work on tokio's blocking pool, so that no backend
 /// call holds up an async worker. A panic there becomes an error.
@@ -42,8 +41,8 @@ pub(crate) fn needs_smaller_pieces(error: &DataFusionError) -> bool {
 /// A permit of the device's admission, its wait counted.
 pub(crate) async fn admitted(
     metrics: &GpuJoinMetrics,
-    permit: impl Future<Output = Result<OwnedSemaphorePermit>>,
-) -> Result<OwnedSemaphorePermit> {
+    permit: impl Future<Output = Result<Admitted>>,
+) -> Result<Admitted> {
     let _wait = metrics.admission_wait_time.timer();
     permit.await
 }
